@@ -1,0 +1,160 @@
+"""A batch for one operator run: mixed prefill chunks and decode steps, no padding of queries.
+
+Tokens of all sequences are flattened into one row dimension T. Sequences
+feeding more than one token (prefill, or a prefill chunk on top of existing
+KV) run attention one by one; sequences feeding one token (decode) run
+attention together over their context gathered from the paged cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from models.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class BatchShape:
+    """What cost formulas and estimators see of a batch. Counts of tokens."""
+
+    num_tokens: int  # new tokens fed through the model (T)
+    num_seqs: int
+    num_sampled: int  # sequences whose next token the head samples
+    attn_work: int  # sum over seqs of new_tokens * context_tokens
+    num_context_tokens: int  # sum of context lengths (KV read)
+
+
+@dataclass(slots=True)
+class SeqSpec:
+    """One request's part of a batch, as the scheduler describes it."""
+
+    request_id: str
+    token_ids: list[int]  # new tokens fed this run
+    num_past_tokens: int  # tokens of this request already in the KV cache
+    block_table: list[int]  # this device's blocks; covers past + new tokens
+    sample: bool = False  # sample a next token after the last new token
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    num_generated: int = 0  # tokens generated before this run (min_tokens, seed stream)
+
+    @property
+    def num_context_tokens(self) -> int:
+        return self.num_past_tokens + len(self.token_ids)
+
+
+def shape_of(seqs: list[SeqSpec]) -> BatchShape:
+    return BatchShape(
+        num_tokens=sum(len(s.token_ids) for s in seqs),
+        num_seqs=len(seqs),
+        num_sampled=sum(s.sample for s in seqs),
+        attn_work=sum(len(s.token_ids) * s.num_context_tokens for s in seqs),
+        num_context_tokens=sum(s.num_context_tokens for s in seqs),
+    )
+
+
+@dataclass(slots=True)
+class PrefillSeq:
+    """Tensors for one multi-token sequence's attention."""
+
+    rows: slice  # its rows in the flattened batch
+    num_past: int
+    context_slots: torch.Tensor | None  # [C] slots of positions 0..C-1; None when num_past == 0
+    mask: torch.Tensor | None  # [n, C] bool, True = attend; None when num_past == 0 (causal)
+
+
+@dataclass(slots=True)
+class DecodeGroup:
+    """Tensors for the single-token sequences' batched attention."""
+
+    rows: torch.Tensor  # [B] their rows in the flattened batch
+    context_slots: torch.Tensor  # [B, Cmax] slots, padded with slot 0
+    mask: torch.Tensor  # [B, 1, 1, Cmax] bool, True = attend
+
+
+@dataclass(slots=True)
+class Batch:
+    """Device tensors for one operator run, built once per (batch, device)."""
+
+    seqs: list[SeqSpec]
+    shape: BatchShape
+    input_ids: torch.Tensor  # [T] long
+    positions: torch.Tensor  # [T] long
+    slot_mapping: torch.Tensor  # [T] long, where each new token's K/V is written
+    prefills: list[PrefillSeq]
+    decode: DecodeGroup | None
+    sample_rows: torch.Tensor  # [S] rows whose hidden state the head samples from
+
+    @property
+    def sampled_seqs(self) -> list[SeqSpec]:
+        return [s for s in self.seqs if s.sample]
+
+
+def _slots(block_table: list[int], start: int, end: int, block_size: int) -> list[int]:
+    return [block_table[p // block_size] * block_size + p % block_size for p in range(start, end)]
+
+
+def _check(seq: SeqSpec, block_size: int) -> None:
+    if not seq.token_ids:
+        raise ValueError(f"{seq.request_id}: a sequence must feed at least one token")
+    if len(seq.block_table) * block_size < seq.num_context_tokens:
+        raise ValueError(f"{seq.request_id}: block table holds "
+                         f"{len(seq.block_table) * block_size} tokens, needs "
+                         f"{seq.num_context_tokens}")
+
+
+def _prefill(seq: SeqSpec, rows: slice, block_size: int, device: torch.device) -> PrefillSeq:
+    n, past = len(seq.token_ids), seq.num_past_tokens
+    if past == 0:
+        return PrefillSeq(rows, 0, None, None)
+    ctx = n + past
+    slots = torch.tensor(_slots(seq.block_table, 0, ctx, block_size), device=device)
+    # key j is visible to query i (at position past + i) iff j <= past + i
+    mask = torch.ones(n, ctx, dtype=torch.bool, device=device).tril(diagonal=past)
+    return PrefillSeq(rows, past, slots, mask)
+
+
+def _decode_group(seqs: list[SeqSpec], rows: list[int], block_size: int,
+                  device: torch.device) -> DecodeGroup:
+    cmax = max(s.num_context_tokens for s in seqs)
+    slots = torch.zeros(len(seqs), cmax, dtype=torch.long)
+    mask = torch.zeros(len(seqs), 1, 1, cmax, dtype=torch.bool)
+    for i, s in enumerate(seqs):
+        c = s.num_context_tokens
+        slots[i, :c] = torch.tensor(_slots(s.block_table, 0, c, block_size))
+        mask[i, 0, 0, :c] = True
+    return DecodeGroup(torch.tensor(rows, device=device), slots.to(device), mask.to(device))
+
+
+def build_batch(seqs: list[SeqSpec], block_size: int, device: torch.device) -> Batch:
+    """Lay out `seqs` for one operator run on `device`."""
+    ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    prefills: list[PrefillSeq] = []
+    decode_seqs: list[SeqSpec] = []
+    decode_rows: list[int] = []
+    sample_rows: list[int] = []
+    for s in seqs:
+        _check(s, block_size)
+        start, end = s.num_past_tokens, s.num_context_tokens
+        row0 = len(ids)
+        ids.extend(s.token_ids)
+        positions.extend(range(start, end))
+        slots.extend(_slots(s.block_table, start, end, block_size))
+        if len(s.token_ids) == 1:
+            decode_seqs.append(s)
+            decode_rows.append(row0)
+        else:
+            prefills.append(_prefill(s, slice(row0, len(ids)), block_size, device))
+        if s.sample:
+            sample_rows.append(len(ids) - 1)
+    decode = _decode_group(decode_seqs, decode_rows, block_size, device) if decode_seqs else None
+    return Batch(
+        seqs=seqs, shape=shape_of(seqs),
+        input_ids=torch.tensor(ids, device=device),
+        positions=torch.tensor(positions, device=device),
+        slot_mapping=torch.tensor(slots, device=device),
+        prefills=prefills, decode=decode,
+        sample_rows=torch.tensor(sample_rows, dtype=torch.long, device=device),
+    )

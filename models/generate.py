@@ -1,0 +1,66 @@
+"""Generation through the operator chain and paged KV, one request or a few (CLI, tests)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from models.batch import Batch, SeqSpec, build_batch
+from models.kv_cache import KVCache, blocks_for
+from models.loader import Model
+from models.sampling_params import SamplingParams
+
+
+def run_chain(model: Model, batch: Batch, kv: KVCache) -> torch.Tensor:
+    """All operators in order on the model's device; returns the head's output [S]."""
+    x: torch.Tensor | None = None
+    for op in model.ops:
+        x = op.run(batch, x, kv)
+    assert x is not None
+    return x
+
+
+def chain_logits(model: Model, batch: Batch, kv: KVCache) -> torch.Tensor:
+    """Logits [S, V] of the sampled rows (for tests and benchmarks)."""
+    x: torch.Tensor | None = None
+    for op in model.ops[:-1]:
+        x = op.run(batch, x, kv)
+    head = model.ops[-1]
+    assert x is not None and hasattr(head, "logits")
+    return head.logits(batch, x)
+
+
+@dataclass(slots=True)
+class Generation:
+    token_ids: list[int]
+    finish_reason: str  # "stop" | "length"
+
+
+def _step_seq(rid: str, tokens: list[int], past: int, table: list[int],
+              params: SamplingParams, generated: int) -> SeqSpec:
+    return SeqSpec(rid, tokens, past, table, sample=True, sampling=params,
+                   num_generated=generated)
+
+
+def generate(model: Model, prompt_ids: list[int], params: SamplingParams,
+             block_size: int = 16) -> Generation:
+    """Prefill then decode one token at a time until a stop id or max_tokens."""
+    total = len(prompt_ids) + params.max_tokens
+    kv = model.new_kv_cache(blocks_for(total, block_size), block_size)
+    table = kv.allocator.allocate(blocks_for(total, block_size))
+    out: list[int] = []
+    feed, past = list(prompt_ids), 0
+    try:
+        while True:
+            seq = _step_seq("r0", feed, past, table, params, len(out))
+            token = int(run_chain(model, build_batch([seq], block_size, model.device), kv)[0])
+            past += len(feed)
+            out.append(token)
+            if token in params.stop_token_ids and len(out) > params.min_tokens:
+                return Generation(out, "stop")
+            if len(out) >= params.max_tokens:
+                return Generation(out, "length")
+            feed = [token]
+    finally:
+        kv.allocator.free(table)

@@ -1,0 +1,174 @@
+"""`load(spec)`: a model folder (or `default` / `tiny-random` / a cached hub id) to operators."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from transformers import AutoConfig, PretrainedConfig
+
+from models.config import ModelConfig, model_config, rope_inv_freq
+from models.kv_cache import KVCache
+from models.layers import AttnDims, LayerWeights
+from models.ops import EmbedOp, HeadOp, LayerGroupOp, Op
+from models.template import GraphTemplate, OpKind, OpTemplate
+
+TARGET_GROUPS = 6  # NOTE: default split; `python -m models bench` prints per-op times behind it
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class Model:
+    """A loaded model: its config, operator template and runnable operators."""
+
+    name: str
+    path: Path
+    config: ModelConfig
+    hf_config: PretrainedConfig
+    dtype: torch.dtype
+    device: torch.device
+    template: GraphTemplate
+    ops: list[Op]
+    _on_device: dict[str, list[Op]] = field(default_factory=dict, repr=False)
+
+    def ops_on(self, device: torch.device) -> list[Op]:
+        """The operators with weights on `device` (CPU devices share the same tensors)."""
+        if device == self.device or (device.type == "cpu" and self.device.type == "cpu"):
+            return self.ops
+        key = str(device)
+        if key not in self._on_device:
+            self._on_device[key] = [op.to(device) for op in self.ops]
+        return self._on_device[key]
+
+    def new_kv_cache(self, num_blocks: int, block_size: int = 16, layers: range | None = None,
+                     device: torch.device | None = None) -> KVCache:
+        c = self.config
+        return KVCache(layers if layers is not None else range(c.num_layers), num_blocks,
+                       block_size, c.num_kv_heads, c.head_dim, self.dtype, device or self.device)
+
+
+def parse_dtype(name: str | torch.dtype | None, hf: PretrainedConfig) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    if name is None:
+        name = str(getattr(hf, "dtype", None) or "float32").removeprefix("torch.")
+    if name not in _DTYPES:
+        raise ValueError(f"dtype {name!r} is not supported; use one of {', '.join(_DTYPES)}")
+    return _DTYPES[name]
+
+
+def resolve(spec: str) -> Path:
+    """A spec to a local transformers folder (no network)."""
+    if spec == "default":
+        from models.default_model import prepare_default
+        return prepare_default()
+    if spec.startswith("tiny-random"):
+        from models.tiny import tiny_random_dir
+        return tiny_random_dir(spec.removeprefix("tiny-random").lstrip("-") or "llama")
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return path
+    return _hub_cache(spec)
+
+
+def _hub_cache(spec: str) -> Path:
+    from huggingface_hub import snapshot_download
+    try:
+        return Path(snapshot_download(spec, local_files_only=True))
+    except Exception as e:
+        raise FileNotFoundError(
+            f"model {spec!r} is neither a folder, 'default', 'tiny-random', nor a hub id "
+            f"in the local Hugging Face cache ({type(e).__name__})") from None
+
+
+class _Weights:
+    """Reads tensors by name from a folder's safetensors files, cast to dtype/device."""
+
+    def __init__(self, path: Path, dtype: torch.dtype, device: torch.device) -> None:
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no *.safetensors weights in {path}")
+        self._where = {}
+        for f in files:
+            with safe_open(f, framework="pt") as h:
+                self._where.update({k: f for k in h.keys()})  # noqa: SIM118
+        self.dtype, self.device = dtype, device
+
+    def has(self, name: str) -> bool:
+        return name in self._where
+
+    def get(self, name: str) -> torch.Tensor:
+        if name not in self._where:
+            raise KeyError(f"weight {name!r} missing from the model folder")
+        with safe_open(self._where[name], framework="pt") as h:
+            return h.get_tensor(name).to(device=self.device, dtype=self.dtype)
+
+    def maybe(self, name: str) -> torch.Tensor | None:
+        return self.get(name) if self.has(name) else None
+
+
+def _layer(w: _Weights, i: int) -> LayerWeights:
+    p = f"model.layers.{i}."
+    a = p + "self_attn."
+    biases = [w.maybe(a + n + "_proj.bias") for n in "qkv"]
+    qkv_bias = None if biases[0] is None else torch.cat(biases)  # type: ignore[arg-type]
+    return LayerWeights(
+        input_norm=w.get(p + "input_layernorm.weight"),
+        qkv=torch.cat([w.get(a + n + "_proj.weight") for n in "qkv"]),
+        qkv_bias=qkv_bias,
+        o=w.get(a + "o_proj.weight"),
+        o_bias=w.maybe(a + "o_proj.bias"),
+        post_norm=w.get(p + "post_attention_layernorm.weight"),
+        gate_up=torch.cat([w.get(p + "mlp.gate_proj.weight"), w.get(p + "mlp.up_proj.weight")]),
+        down=w.get(p + "mlp.down_proj.weight"),
+    )
+
+
+def _nbytes(ts: list[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in ts)
+
+
+def _build_ops(w: _Weights, hf: PretrainedConfig, cfg: ModelConfig, k: int,
+               itemsize: int) -> list[Op]:
+    embed = w.get("model.embed_tokens.weight")
+    ops: list[Op] = [EmbedOp(OpTemplate(0, "embed", OpKind.EMBED, range(0), _nbytes([embed]),
+                                        cfg, itemsize), embed)]
+    inv_freq, scale = rope_inv_freq(hf)
+    dims = AttnDims(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps)
+    for start in range(0, cfg.num_layers, k):
+        layers = range(start, min(start + k, cfg.num_layers))
+        lw = [_layer(w, i) for i in layers]
+        t = OpTemplate(len(ops), f"layers[{layers.start}:{layers.stop}]", OpKind.LAYERS, layers,
+                       _nbytes([x for lay in lw for x in lay.tensors()]), cfg, itemsize)
+        ops.append(LayerGroupOp(t, lw, dims, inv_freq.to(w.device), scale))
+    lm_head = embed if cfg.tie_word_embeddings else w.get("lm_head.weight")
+    norm = w.get("model.norm.weight")
+    head_bytes = _nbytes([norm] if cfg.tie_word_embeddings else [norm, lm_head])
+    ops.append(HeadOp(OpTemplate(len(ops), "head", OpKind.HEAD, range(0), head_bytes, cfg,
+                                 itemsize), norm, lm_head, cfg.rms_norm_eps))
+    return ops
+
+
+def default_layers_per_group(num_layers: int) -> int:
+    return max(1, math.ceil(num_layers / TARGET_GROUPS))
+
+
+def load(spec: str | Path, dtype: str | torch.dtype | None = None,
+         device: torch.device | str = "cpu", layers_per_group: int | None = None) -> Model:
+    """Load a model and split it into operators (see `models.template`)."""
+    path = resolve(str(spec))
+    hf = AutoConfig.from_pretrained(path)
+    cfg = model_config(hf)
+    dt = parse_dtype(dtype, hf)
+    dev = torch.device(device)
+    k = layers_per_group or default_layers_per_group(cfg.num_layers)
+    if k < 1:
+        raise ValueError("layers_per_group must be >= 1")
+    itemsize = torch.empty((), dtype=dt).element_size()
+    ops = _build_ops(_Weights(path, dt, dev), hf, cfg, k, itemsize)
+    template = GraphTemplate(tuple(op.template for op in ops), k)
+    return Model(str(spec), path, cfg, hf, dt, dev, template, ops)

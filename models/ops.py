@@ -1,0 +1,88 @@
+"""Runnable operators: embedding, a group of decoder layers, and the head.
+
+`op.run(batch, x, kv)` runs one operator for a batch; `x` is the previous
+operator's output (None for the embedding). Operators hold weights, never
+allocate KV blocks, and only write KV slots named by the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+
+from models.batch import Batch
+from models.kv_cache import KVCache
+from models.layers import AttnDims, LayerWeights, decoder_layer, rms_norm, rope_cos_sin
+from models.sampling import sample
+from models.template import OpTemplate
+
+
+def _move(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    return None if t is None else t.to(device)
+
+
+@dataclass(slots=True)
+class EmbedOp:
+    template: OpTemplate
+    embed: torch.Tensor  # [V, D]
+
+    @torch.inference_mode()
+    def run(self, batch: Batch, x: torch.Tensor | None, kv: KVCache | None) -> torch.Tensor:
+        return F.embedding(batch.input_ids, self.embed)  # [T, D]
+
+    def to(self, device: torch.device) -> EmbedOp:
+        return replace(self, embed=self.embed.to(device))
+
+
+@dataclass(slots=True)
+class LayerGroupOp:
+    template: OpTemplate
+    layers: list[LayerWeights]
+    dims: AttnDims
+    inv_freq: torch.Tensor  # [d/2] float32
+    rope_scale: float
+
+    @torch.inference_mode()
+    def run(self, batch: Batch, x: torch.Tensor | None, kv: KVCache | None) -> torch.Tensor:
+        # x: [T, D] -> [T, D]
+        assert x is not None and kv is not None
+        cos, sin = rope_cos_sin(batch.positions, self.inv_freq, self.rope_scale, x.dtype)
+        for layer, w in zip(self.template.layers, self.layers, strict=True):
+            x = decoder_layer(x, w, self.dims, cos, sin, batch, kv, layer)
+        return x
+
+    def to(self, device: torch.device) -> LayerGroupOp:
+        moved = [LayerWeights(*(_move(t, device) for t in (  # type: ignore[arg-type]
+            w.input_norm, w.qkv, w.qkv_bias, w.o, w.o_bias, w.post_norm, w.gate_up, w.down)))
+            for w in self.layers]
+        return replace(self, layers=moved, inv_freq=self.inv_freq.to(device))
+
+
+@dataclass(slots=True)
+class HeadOp:
+    template: OpTemplate
+    norm: torch.Tensor  # [D]
+    lm_head: torch.Tensor  # [V, D]
+    eps: float
+
+    @torch.inference_mode()
+    def logits(self, batch: Batch, x: torch.Tensor) -> torch.Tensor:
+        # x: [T, D] -> [S, V] float32, for the sampled rows only
+        h = rms_norm(x[batch.sample_rows], self.norm, self.eps)
+        return F.linear(h, self.lm_head).float()
+
+    @torch.inference_mode()
+    def run(self, batch: Batch, x: torch.Tensor | None, kv: KVCache | None) -> torch.Tensor:
+        # -> [S] sampled token ids (long, on the CPU)
+        assert x is not None
+        if batch.sample_rows.numel() == 0:
+            return torch.empty(0, dtype=torch.long)
+        return torch.tensor(sample(self.logits(batch, x), batch.sampled_seqs), dtype=torch.long)
+
+    def to(self, device: torch.device) -> HeadOp:
+        return replace(self, norm=self.norm.to(device), lm_head=self.lm_head.to(device))
+
+
+Op = EmbedOp | LayerGroupOp | HeadOp

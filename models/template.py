@@ -1,0 +1,89 @@
+"""The graph template: a model's operators in order, with shapes and costs known before running.
+
+Every formula is a function of a `BatchShape`, so the scheduler can place and
+cost an operator instance before any tensor exists.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from models.batch import BatchShape
+from models.config import ModelConfig
+
+
+class OpKind(enum.Enum):
+    EMBED = "embed"
+    LAYERS = "layers"
+    HEAD = "head"
+
+
+@dataclass(frozen=True, slots=True)
+class OpTemplate:
+    """One operator of the chain. Byte counts are at the model's dtype."""
+
+    index: int  # position in the chain
+    name: str  # "embed", "layers[0:5]", "head"
+    kind: OpKind
+    layers: range  # decoder layers inside (empty for embed/head)
+    weight_bytes: int
+    cfg: ModelConfig
+    itemsize: int  # bytes per element of the model dtype
+
+    def output_shape(self, s: BatchShape) -> tuple[int, ...]:
+        return (s.num_sampled,) if self.kind is OpKind.HEAD else (s.num_tokens, self.cfg.hidden_size)
+
+    def flops(self, s: BatchShape) -> int:
+        c = self.cfg
+        if self.kind is OpKind.EMBED:
+            return 0
+        if self.kind is OpKind.HEAD:
+            return 2 * s.num_sampled * c.hidden_size * c.vocab_size
+        dense = 2 * s.num_tokens * (c.hidden_size * (c.q_size + 2 * c.kv_size) +
+                                    c.q_size * c.hidden_size + 3 * c.hidden_size * c.intermediate_size)
+        attn = 4 * s.attn_work * c.q_size  # QK^T and PV
+        return len(self.layers) * (dense + attn)
+
+    def activation_bytes(self, s: BatchShape) -> int:
+        """Bytes of this op's output (what a Send moves) plus its largest transient buffer."""
+        c = self.cfg
+        if self.kind is OpKind.HEAD:
+            return s.num_sampled * c.vocab_size * 4 + s.num_sampled * 8
+        out = s.num_tokens * c.hidden_size * self.itemsize
+        if self.kind is OpKind.EMBED:
+            return out
+        transient = s.num_tokens * 2 * c.intermediate_size * self.itemsize
+        return out + transient
+
+    def output_bytes(self, s: BatchShape) -> int:
+        if self.kind is OpKind.HEAD:
+            return s.num_sampled * 8
+        return s.num_tokens * self.cfg.hidden_size * self.itemsize
+
+    def kv_bytes(self, s: BatchShape) -> int:
+        """KV bytes this op writes for the batch's new tokens."""
+        return s.num_tokens * self.kv_bytes_per_token
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * len(self.layers) * self.cfg.kv_size * self.itemsize
+
+
+@dataclass(frozen=True, slots=True)
+class GraphTemplate:
+    """A model registered once: its operator chain. Instantiated per batch by the scheduler."""
+
+    ops: tuple[OpTemplate, ...]
+    layers_per_group: int
+
+    @property
+    def layer_groups(self) -> tuple[OpTemplate, ...]:
+        return tuple(o for o in self.ops if o.kind is OpKind.LAYERS)
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(o.weight_bytes for o in self.ops)
+
+    def kv_bytes_per_token(self) -> int:
+        return sum(o.kv_bytes_per_token for o in self.ops)
