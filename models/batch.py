@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from models.kv_cache import blocks_for
 from models.sampling_params import SamplingParams
 
 
@@ -59,8 +60,8 @@ class PrefillSeq:
 
     rows: slice  # its rows in the flattened batch
     num_past: int
-    context_slots: torch.Tensor | None  # [C] slots of positions 0..C-1; None when num_past == 0
-    mask: torch.Tensor | None  # [n, C] bool, True = attend; None when num_past == 0 (causal)
+    blocks: torch.Tensor | None  # [nb] block ids covering the context; None when num_past == 0
+    mask: torch.Tensor | None  # [n, nb * block_size] bool, True = attend; None when causal
 
 
 @dataclass(slots=True)
@@ -68,8 +69,8 @@ class DecodeGroup:
     """Tensors for the single-token sequences' batched attention."""
 
     rows: torch.Tensor  # [B] their rows in the flattened batch
-    context_slots: torch.Tensor  # [B, Cmax] slots, padded with slot 0
-    mask: torch.Tensor  # [B, 1, 1, Cmax] bool, True = attend
+    blocks: torch.Tensor  # [B, nb] block tables, padded with block 0
+    mask: torch.Tensor  # [1, B, 1, nb * block_size] bool, True = attend
 
 
 @dataclass(slots=True)
@@ -107,23 +108,24 @@ def _prefill(seq: SeqSpec, rows: slice, block_size: int, device: torch.device) -
     n, past = len(seq.token_ids), seq.num_past_tokens
     if past == 0:
         return PrefillSeq(rows, 0, None, None)
-    ctx = n + past
-    slots = torch.tensor(_slots(seq.block_table, 0, ctx, block_size), device=device)
+    nb = blocks_for(n + past, block_size)
+    blocks = torch.tensor(seq.block_table[:nb], device=device)
     # key j is visible to query i (at position past + i) iff j <= past + i
-    mask = torch.ones(n, ctx, dtype=torch.bool, device=device).tril(diagonal=past)
-    return PrefillSeq(rows, past, slots, mask)
+    mask = torch.ones(n, nb * block_size, dtype=torch.bool, device=device).tril(diagonal=past)
+    return PrefillSeq(rows, past, blocks, mask)
 
 
 def _decode_group(seqs: list[SeqSpec], rows: list[int], block_size: int,
                   device: torch.device) -> DecodeGroup:
-    cmax = max(s.num_context_tokens for s in seqs)
-    slots = torch.zeros(len(seqs), cmax, dtype=torch.long)
-    mask = torch.zeros(len(seqs), 1, 1, cmax, dtype=torch.bool)
+    nb = max(blocks_for(s.num_context_tokens, block_size) for s in seqs)
+    blocks = torch.zeros(len(seqs), nb, dtype=torch.long)
+    lens = torch.tensor([s.num_context_tokens for s in seqs])
     for i, s in enumerate(seqs):
-        c = s.num_context_tokens
-        slots[i, :c] = torch.tensor(_slots(s.block_table, 0, c, block_size))
-        mask[i, 0, 0, :c] = True
-    return DecodeGroup(torch.tensor(rows, device=device), slots.to(device), mask.to(device))
+        used = blocks_for(s.num_context_tokens, block_size)
+        blocks[i, :used] = torch.tensor(s.block_table[:used])
+    mask = torch.arange(nb * block_size)[None, :] < lens[:, None]  # [B, nb * block_size]
+    return DecodeGroup(torch.tensor(rows, device=device), blocks.to(device),
+                       mask[None, :, None, :].to(device))
 
 
 def build_batch(seqs: list[SeqSpec], block_size: int, device: torch.device) -> Batch:

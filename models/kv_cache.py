@@ -1,8 +1,9 @@
 """Paged KV cache: storage tensors per device and the block allocator.
 
-Storage for layer l is two tensors `[num_blocks * block_size, num_kv_heads,
-head_dim]` (keys, values). A request owns a block table (block ids, in
-order); token position p of the request lives in slot
+Storage for layer l is two tensors `[num_kv_heads, num_blocks, block_size,
+head_dim]` (keys, values): head-major, so gathering a batch's blocks yields
+`[Hkv, B, C, d]` ready for batched matmuls without a transpose copy. A
+request owns a block table (block ids, in order); token position p of the request lives in slot
 `block_table[p // block_size] * block_size + p % block_size`. Operators read
 and write storage through slots and never allocate.
 """
@@ -80,8 +81,8 @@ class KVCache:
         self.layers = layers
         self.block_size = block_size
         self.allocator = BlockAllocator(num_blocks, block_size)
-        shape = (num_blocks * block_size, num_kv_heads, head_dim)
-        # keys[l], values[l]: [num_slots, Hkv, d]
+        shape = (num_kv_heads, num_blocks, block_size, head_dim)
+        # keys[l], values[l]: [Hkv, num_blocks, block_size, d]
         self.keys = {layer: torch.zeros(shape, dtype=dtype, device=device) for layer in layers}
         self.values = {layer: torch.zeros(shape, dtype=dtype, device=device) for layer in layers}
 
@@ -93,4 +94,5 @@ class KVCache:
 
     @property
     def num_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in [*self.keys.values(), *self.values.values()])
+        tensors = [*self.keys.values(), *self.values.values()]
+        return sum(t.numel() * t.element_size() for t in tensors)

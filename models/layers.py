@@ -64,31 +64,50 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
+def _gather(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    # cache: [Hkv, num_blocks, bs, d]; blocks: [B, nb] -> [Hkv, B, nb * bs, d] contiguous
+    # NOTE: index_select of whole blocks; advanced indexing is ~10x slower on CPU.
+    hkv, nb, bs, d = cache.shape
+    rows = cache.view(hkv, nb, bs * d).index_select(1, blocks.flatten())
+    return rows.view(hkv, blocks.shape[0], -1, d)
+
+
+def _write(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor) -> None:
+    # cache: [Hkv, num_blocks, bs, d]; slots: [T]; x: [T, Hkv, d]
+    hkv, _, _, d = cache.shape
+    cache.view(hkv, -1, d)[:, slots] = x.transpose(0, 1)
+
+
 def _prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: Batch,
                        kv: KVCache, layer: int, out: torch.Tensor) -> None:
     # q: [T, H, d]; k, v: [T, Hkv, d]; out: [T, H, d]
     for p in batch.prefills:
         qs = q[p.rows].transpose(0, 1)[None]  # [1, H, n, d]
-        if p.context_slots is None:
+        if p.blocks is None:
             ks, vs = k[p.rows].transpose(0, 1)[None], v[p.rows].transpose(0, 1)[None]
             o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
         else:
-            ks = kv.keys[layer][p.context_slots].transpose(0, 1)[None]  # [1, Hkv, C, d]
-            vs = kv.values[layer][p.context_slots].transpose(0, 1)[None]
+            ks = _gather(kv.keys[layer], p.blocks[None]).transpose(0, 1)  # [1, Hkv, C, d]
+            vs = _gather(kv.values[layer], p.blocks[None]).transpose(0, 1)
             o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=p.mask, enable_gqa=True)
         out[p.rows] = o[0].transpose(0, 1)
 
 
 def _decode_attention(q: torch.Tensor, batch: Batch, kv: KVCache, layer: int,
                       out: torch.Tensor) -> None:
+    # NOTE: explicit matmuls over [Hkv, B] batches: CPU SDPA kernels are slow for one
+    # query row per sequence, and this layout needs no copy after the gather.
     g = batch.decode
     if g is None:
         return
-    qs = q[g.rows][:, :, None, :]  # [B, H, 1, d]
-    ks = kv.keys[layer][g.context_slots].transpose(1, 2)  # [B, Hkv, Cmax, d]
-    vs = kv.values[layer][g.context_slots].transpose(1, 2)
-    o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=g.mask, enable_gqa=True)
-    out[g.rows] = o[:, :, 0, :]
+    b, h, d = len(g.rows), q.shape[1], q.shape[2]
+    hkv = kv.keys[layer].shape[0]
+    qs = q[g.rows].view(b, hkv, h // hkv, d).transpose(0, 1)  # [Hkv, B, g, d]
+    ks = _gather(kv.keys[layer], g.blocks)  # [Hkv, B, C, d]
+    vs = _gather(kv.values[layer], g.blocks)
+    scores = torch.matmul(qs, ks.transpose(2, 3)).float() * d**-0.5  # [Hkv, B, g, C]
+    scores = scores.masked_fill(~g.mask, float("-inf")).softmax(-1).to(q.dtype)
+    out[g.rows] = torch.matmul(scores, vs).transpose(0, 1).reshape(b, h, d)
 
 
 def attention(x: torch.Tensor, w: LayerWeights, dims: AttnDims, cos: torch.Tensor,
@@ -101,8 +120,8 @@ def attention(x: torch.Tensor, w: LayerWeights, dims: AttnDims, cos: torch.Tenso
     q = apply_rope(q.view(t, dims.num_heads, dims.head_dim), cos, sin)
     k = apply_rope(k.view(t, dims.num_kv_heads, dims.head_dim), cos, sin)
     v = v.view(t, dims.num_kv_heads, dims.head_dim)
-    kv.keys[layer][batch.slot_mapping] = k
-    kv.values[layer][batch.slot_mapping] = v
+    _write(kv.keys[layer], batch.slot_mapping, k)
+    _write(kv.values[layer], batch.slot_mapping, v)
     out = torch.empty_like(q)  # [T, H, d]
     _prefill_attention(q, k, v, batch, kv, layer, out)
     _decode_attention(q, batch, kv, layer, out)
@@ -112,11 +131,13 @@ def attention(x: torch.Tensor, w: LayerWeights, dims: AttnDims, cos: torch.Tenso
 def mlp(x: torch.Tensor, w: LayerWeights) -> torch.Tensor:
     # x: [T, D] -> [T, D]
     gate, up = F.linear(x, w.gate_up).chunk(2, dim=-1)  # [T, I] each
-    return F.linear(F.silu(gate) * up, w.down)
+    return F.linear(F.silu(gate).mul_(up), w.down)
 
 
 def decoder_layer(x: torch.Tensor, w: LayerWeights, dims: AttnDims, cos: torch.Tensor,
                   sin: torch.Tensor, batch: Batch, kv: KVCache, layer: int) -> torch.Tensor:
     # x: [T, D] -> [T, D]
-    x = x + attention(rms_norm(x, w.input_norm, dims.eps), w, dims, cos, sin, batch, kv, layer)
-    return x + mlp(rms_norm(x, w.post_norm, dims.eps), w)
+    # NOTE: in-place adds only on fresh tensors: `x` may be another op's output, kept for retry
+    h = attention(rms_norm(x, w.input_norm, dims.eps), w, dims, cos, sin, batch, kv, layer)
+    h.add_(x)
+    return mlp(rms_norm(h, w.post_norm, dims.eps), w).add_(h)

@@ -10,6 +10,7 @@ import torch
 from safetensors import safe_open
 from transformers import AutoConfig, PretrainedConfig
 
+from models.allocator import keep_heap_pages
 from models.config import ModelConfig, model_config, rope_inv_freq
 from models.kv_cache import KVCache
 from models.layers import AttnDims, LayerWeights
@@ -160,6 +161,7 @@ def default_layers_per_group(num_layers: int) -> int:
 def load(spec: str | Path, dtype: str | torch.dtype | None = None,
          device: torch.device | str = "cpu", layers_per_group: int | None = None) -> Model:
     """Load a model and split it into operators (see `models.template`)."""
+    keep_heap_pages()
     path = resolve(str(spec))
     hf = AutoConfig.from_pretrained(path)
     cfg = model_config(hf)

@@ -32,7 +32,9 @@ class OpTemplate:
     itemsize: int  # bytes per element of the model dtype
 
     def output_shape(self, s: BatchShape) -> tuple[int, ...]:
-        return (s.num_sampled,) if self.kind is OpKind.HEAD else (s.num_tokens, self.cfg.hidden_size)
+        if self.kind is OpKind.HEAD:
+            return (s.num_sampled,)
+        return (s.num_tokens, self.cfg.hidden_size)
 
     def flops(self, s: BatchShape) -> int:
         c = self.cfg
@@ -40,8 +42,9 @@ class OpTemplate:
             return 0
         if self.kind is OpKind.HEAD:
             return 2 * s.num_sampled * c.hidden_size * c.vocab_size
-        dense = 2 * s.num_tokens * (c.hidden_size * (c.q_size + 2 * c.kv_size) +
-                                    c.q_size * c.hidden_size + 3 * c.hidden_size * c.intermediate_size)
+        params = (c.hidden_size * (c.q_size + 2 * c.kv_size) + c.q_size * c.hidden_size
+                  + 3 * c.hidden_size * c.intermediate_size)
+        dense = 2 * s.num_tokens * params
         attn = 4 * s.attn_work * c.q_size  # QK^T and PV
         return len(self.layers) * (dense + attn)
 

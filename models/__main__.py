@@ -1,0 +1,94 @@
+"""`python -m models prepare|generate|bench`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from models.sampling_params import SamplingParams
+
+
+def _prepare(args: argparse.Namespace) -> None:
+    from models.loader import resolve
+    print(resolve(args.spec))
+
+
+def _prompt_ids(tokenizer: Any, text: str, chat: bool) -> list[int]:
+    if not chat:
+        return list(tokenizer(text)["input_ids"])
+    out = tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                        add_generation_prompt=True, tokenize=True)
+    return list(out["input_ids"] if hasattr(out, "keys") else out)
+
+
+def _generate(args: argparse.Namespace) -> None:
+    from transformers import AutoTokenizer
+
+    from models.generate import generate
+    from models.loader import load
+
+    model = load(args.model, dtype=args.dtype)
+    tokenizer = AutoTokenizer.from_pretrained(model.path)
+    ids = _prompt_ids(tokenizer, args.prompt, args.chat)
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                            seed=args.seed, max_tokens=args.max_tokens,
+                            stop_token_ids=() if args.ignore_eos else model.config.eos_token_ids)
+    out = generate(model, ids, params)
+    text = tokenizer.decode(out.token_ids, skip_special_tokens=True)
+    if args.json:
+        print(json.dumps({"token_ids": out.token_ids, "text": text,
+                          "finish_reason": out.finish_reason}))
+    else:
+        print(text)
+
+
+def _bench(args: argparse.Namespace) -> None:
+    from models.bench import run
+    run(args.model, args.dtypes.split(","), args.repeats, args.threads, args.json)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m models", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    pr = sub.add_parser("prepare", help="prepare a model folder and print its path")
+    pr.add_argument("spec", nargs="?", default="default")
+    pr.set_defaults(fn=_prepare)
+    g = sub.add_parser("generate", help="generate through the operator chain and paged KV")
+    g.add_argument("--model", default="default")
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template")
+    g.add_argument("--max-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--ignore-eos", action="store_true")
+    g.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
+                   help="default: the model folder's dtype")
+    g.add_argument("--json", action="store_true", help="print token_ids and text as JSON")
+    g.set_defaults(fn=_generate)
+    b = sub.add_parser("bench", help="operator chain vs transformers forward")
+    b.add_argument("--model", default="default")
+    b.add_argument("--dtypes", default="bfloat16,float32")
+    b.add_argument("--repeats", type=int, default=7)
+    b.add_argument("--threads", type=int, default=1)
+    b.add_argument("--json", type=Path, default=None)
+    b.set_defaults(fn=_bench)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    args = _parser().parse_args(argv)
+    try:
+        args.fn(args)
+    except (ValueError, FileNotFoundError) as e:
+        sys.exit(f"error: {e}")
+
+
+if __name__ == "__main__":
+    main()

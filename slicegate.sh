@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# slicegate developer entry point: setup | serve [ARGS...] | test [PYTEST ARGS...]
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")"
+VENV=.venv
+PY="$VENV/bin/python"
+STAMP="$VENV/.slicegate-stamp"
+
+log() { echo "slicegate: $*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+usage() {
+    cat >&2 <<'USAGE'
+usage: ./slicegate.sh setup              create .venv, install, prepare the default model
+       ./slicegate.sh serve [ARGS...]    setup, then serve
+       ./slicegate.sh test [PYTEST...]   setup, then ruff, mypy and pytest
+USAGE
+    exit 2
+}
+
+# The first of $PYTHON, python3.13 .. python3 that is at least 3.11.
+find_python() {
+    local candidate
+    for candidate in ${PYTHON:-} python3.13 python3.12 python3.11 python3; do
+        if command -v "$candidate" >/dev/null 2>&1 &&
+            "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+            echo "$candidate"
+            return
+        fi
+    done
+    die "python >= 3.11 not found (set PYTHON=/path/to/python3.11)"
+}
+
+ensure_venv() {
+    [[ -x "$PY" ]] && return
+    local python
+    python="$(find_python)"
+    log "creating $VENV with $python"
+    "$python" -m venv "$VENV" || die "could not create $VENV (on Debian: apt-get install python3-venv)"
+}
+
+# NOTE: reinstall only when pyproject.toml changed; the stamp holds its sha256.
+ensure_deps() {
+    local want have=""
+    want="$("$PY" -c 'import hashlib, sys; print(hashlib.sha256(open(sys.argv[1], "rb").read()).hexdigest())' pyproject.toml)"
+    [[ -f "$STAMP" ]] && have="$(<"$STAMP")"
+    [[ "$want" == "$have" ]] && return
+    log "installing slicegate and its dependencies into $VENV"
+    local pip_log="$VENV/.slicegate-pip.log"
+    if ! "$PY" -m pip install -q -e '.[dev]' >"$pip_log" 2>&1; then
+        tail -n 40 "$pip_log" >&2
+        die "pip install failed (full log: $pip_log)"
+    fi
+    echo "$want" >"$STAMP"
+}
+
+setup() {
+    ensure_venv
+    ensure_deps
+    "$PY" -m models prepare default
+}
+
+serve() {
+    setup
+    if [[ -f gateway/__main__.py ]]; then
+        exec "$PY" -m gateway serve "$@"
+    fi
+    exec "$PY" -m models generate --model default --chat \
+        --prompt "${PROMPT:-What is the capital of France?}" --max-tokens 32 "$@"
+}
+
+# Runs every check even after a failure, so one run shows all of them.
+run_tests() {
+    setup
+    local failed=()
+    "$VENV/bin/ruff" check . || failed+=(ruff)
+    "$VENV/bin/mypy" || failed+=(mypy)
+    "$PY" -m pytest -q -p no:cacheprovider "$@" || failed+=(pytest)
+    if ((${#failed[@]})); then
+        die "failed: ${failed[*]}"
+    fi
+    log "all checks passed"
+}
+
+main() {
+    (($#)) || usage
+    local cmd="$1"
+    shift
+    case "$cmd" in
+        setup) setup "$@" ;;
+        serve) serve "$@" ;;
+        test) run_tests "$@" ;;
+        -h | --help | help) usage ;;
+        *) log "unknown command: $cmd"; usage ;;
+    esac
+}
+
+main "$@"

@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from models.batch import SeqSpec
+from models.sampling import sample, sample_one
+from models.sampling_params import SamplingParams
+
+
+def _seq(**kw: object) -> SeqSpec:
+    gen = int(kw.pop("num_generated", 0))  # type: ignore[call-overload]
+    return SeqSpec("r", [1], 0, [0], sample=True, sampling=SamplingParams(**kw),  # type: ignore[arg-type]
+                   num_generated=gen)
+
+
+def test_greedy_picks_argmax() -> None:
+    logits = torch.tensor([[0.1, 3.0, 2.0], [5.0, 0.0, 1.0]])
+    assert sample(logits, [_seq(temperature=0), _seq(temperature=0)]) == [1, 0]
+
+
+def test_top_k_one_is_greedy_even_when_hot() -> None:
+    logits = torch.randn(1000)
+    assert sample_one(logits, _seq(temperature=5.0, top_k=1)) == int(logits.argmax())
+
+
+def test_same_seed_same_tokens_different_seed_differs() -> None:
+    logits = torch.zeros(1000)
+    a = [sample_one(logits, _seq(seed=3, num_generated=i)) for i in range(20)]
+    b = [sample_one(logits, _seq(seed=3, num_generated=i)) for i in range(20)]
+    c = [sample_one(logits, _seq(seed=4, num_generated=i)) for i in range(20)]
+    assert a == b and a != c
+
+
+def test_top_p_keeps_only_the_nucleus() -> None:
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    seen = {sample_one(logits, _seq(top_p=0.7, seed=s)) for s in range(200)}
+    assert seen == {0, 1}
+
+
+def test_top_k_restricts_support() -> None:
+    logits = torch.log(torch.tensor([0.4, 0.3, 0.2, 0.1]))
+    seen = {sample_one(logits, _seq(top_k=2, seed=s)) for s in range(200)}
+    assert seen == {0, 1}
+
+
+def test_min_tokens_masks_stop_ids() -> None:
+    logits = torch.tensor([0.0, 10.0, 1.0])  # stop id 1 would win
+    early = _seq(temperature=0, stop_token_ids=(1,), min_tokens=2, max_tokens=5, num_generated=1)
+    late = _seq(temperature=0, stop_token_ids=(1,), min_tokens=2, max_tokens=5, num_generated=2)
+    assert sample(logits[None], [early]) == [2]
+    assert sample(logits[None], [late]) == [1]
+
+
+@pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_p=0), dict(top_k=-1),
+                                 dict(max_tokens=0), dict(min_tokens=5, max_tokens=2)])
+def test_invalid_params_rejected(bad: dict) -> None:
+    with pytest.raises(ValueError):
+        SamplingParams(**bad)
