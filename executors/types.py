@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from models.batch import Batch, BatchShape
 
 
 class Priority(enum.IntEnum):
@@ -22,3 +28,89 @@ class Priority(enum.IntEnum):
     @property
     def label(self) -> str:
         return self.name.lower()
+
+
+class OpState(enum.Enum):
+    """Lifecycle of one operator instance."""
+
+    UNSCHEDULED = "unscheduled"  # in the GMG, not yet given to an executor
+    ISSUED = "issued"  # in an executor's queue, waiting for inputs or its turn
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+    @property
+    def is_finished(self) -> bool:
+        return self in (OpState.DONE, OpState.FAILED)
+
+
+class OpRole(enum.Enum):
+    COMPUTE = "compute"  # one operator of the model chain
+    RECV = "recv"  # destination side of a transfer: allocates the buffer
+    SEND = "send"  # source side: copies into the receiver's buffer
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """A device slicegate schedules on: `cuda:N`, or a virtual CPU device `cpu:N`."""
+
+    name: str
+    memory_bytes: int  # budget for weights + KV + activations
+
+    def __post_init__(self) -> None:
+        kind, _, index = self.name.partition(":")
+        if kind not in ("cpu", "cuda") or not index.isdigit():
+            raise ValueError(f"device {self.name!r}: use cpu:N or cuda:N")
+        if self.memory_bytes <= 0:
+            raise ValueError(f"device {self.name}: memory budget must be > 0")
+
+    @property
+    def torch_device(self) -> torch.device:
+        # NOTE: every virtual CPU device is torch's one CPU device, with its own thread
+        return torch.device("cpu") if self.kind == "cpu" else torch.device(self.name)
+
+    @property
+    def kind(self) -> str:
+        return self.name.partition(":")[0]
+
+    @property
+    def index(self) -> int:
+        return int(self.name.partition(":")[2])
+
+
+@dataclass(eq=False, slots=True)
+class OpInstance:
+    """One operator (or transfer half) for one batch on one device.
+
+    Shapes are known before it runs, so its memory and cost are too. `deps`
+    must be DONE before it may start; `input` is the op whose output tensor
+    it consumes (on this op's device by the time the deps are done).
+    """
+
+    op_id: int
+    name: str  # template op name ("embed", "layers[0:5]", "head") or "recv"/"send"
+    role: OpRole
+    template_index: int  # index into the model's op chain; -1 for transfers
+    device: str
+    priority: Priority
+    shape: BatchShape
+    request_ids: tuple[str, ...]
+    deps: tuple[OpInstance, ...] = ()
+    input: OpInstance | None = None
+    batch: Batch | None = None  # device tensors, for compute ops
+    peer: OpInstance | None = None  # SEND: its RECV (whose buffer it fills)
+    est_s: float = 0.0  # estimated duration
+    mem_bytes: int = 0  # activation bytes held from start until consumers finish
+    transfer_bytes: int = 0  # RECV/SEND: bytes moved
+    state: OpState = OpState.UNSCHEDULED
+    issued_at: float | None = None
+    ready_at: float | None = None
+    start: float | None = None
+    end: float | None = None
+    output: Any = None
+    error: BaseException | None = None
+    attempts: int = 0
+
+    @property
+    def is_ready(self) -> bool:
+        return all(d.state is OpState.DONE for d in self.deps)

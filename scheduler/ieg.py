@@ -12,6 +12,7 @@ import enum
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
 
 from executors.types import Priority
 from models.sampling_params import SamplingParams
@@ -162,22 +163,32 @@ class Request:
         return nodes
 
 
-class BoundedQueues:
+class Queued(Protocol):
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def priority(self) -> Priority: ...
+
+
+Q = TypeVar("Q", bound=Queued)
+
+
+class BoundedQueues(Generic[Q]):
     """Waiting requests, one FIFO per priority class, each with a capacity."""
 
     def __init__(self, capacity: dict[Priority, int]) -> None:
         self._capacity = dict(capacity)
-        self._queues: dict[Priority, deque[Request]] = {p: deque() for p in Priority}
+        self._queues: dict[Priority, deque[Q]] = {p: deque() for p in Priority}
 
     def can_push(self, priority: Priority) -> bool:
         return len(self._queues[priority]) < self._capacity.get(priority, 0)
 
-    def push(self, request: Request) -> None:
+    def push(self, request: Q) -> None:
         if not self.can_push(request.priority):
             raise Overloaded(f"too many waiting {request.priority.label}-priority requests")
         self._queues[request.priority].append(request)
 
-    def remove(self, request_id: str) -> Request | None:
+    def remove(self, request_id: str) -> Q | None:
         for q in self._queues.values():
             for r in q:
                 if r.request_id == request_id:
@@ -185,7 +196,7 @@ class BoundedQueues:
                     return r
         return None
 
-    def queue(self, priority: Priority) -> deque[Request]:
+    def queue(self, priority: Priority) -> deque[Q]:
         return self._queues[priority]
 
     def __len__(self) -> int:

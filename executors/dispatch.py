@@ -1,0 +1,59 @@
+"""The dispatch rule shared by the executors and the simulator (imported, never copied)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol, TypeVar
+
+from executors.types import OpInstance, OpState, Priority
+
+
+class Dispatchable(Protocol):
+    """What the rule reads: executors pass OpInstances, the simulator its SimOp records."""
+
+    @property
+    def priority(self) -> Priority: ...
+    @property
+    def ready_at(self) -> float | None: ...
+    @property
+    def op_id(self) -> int: ...
+
+
+D = TypeVar("D", bound=Dispatchable)
+
+
+def dispatch_key(op: Dispatchable) -> tuple[int, float, int]:
+    """Priority class first (high first), then earliest ready time, then op id."""
+    ready = op.ready_at if op.ready_at is not None else float("inf")
+    return (int(op.priority), ready, op.op_id)
+
+
+def pick_next(ready: Iterable[D]) -> D | None:
+    """Among ready ops of one device: highest priority class, then earliest ready, then id."""
+    return min(ready, key=dispatch_key, default=None)
+
+
+def ready_time(op: OpInstance, now: float) -> float:
+    """When `op` became ready (all deps DONE): the later of its issue time and its deps' ends.
+
+    A missing timestamp counts as `now`. Executors store the result in `op.ready_at`
+    the first time they see the op ready; `pick_next` orders by it.
+    """
+    t = op.issued_at if op.issued_at is not None else now
+    for d in op.deps:
+        t = max(t, d.end if d.end is not None else now)
+    return t
+
+
+def mark_issued(op: OpInstance, now: float) -> None:
+    """Put `op` in a queue at `now` (state ISSUED; `issued_at` kept if the caller set it).
+
+    NOTE: re-issuing a finished op (the retry of a FAILED op) resets its run fields and
+    issues it afresh at `now`; its queued dependents keep waiting for it.
+    """
+    if op.state.is_finished:
+        op.error = op.output = op.start = op.end = op.issued_at = None
+    op.state = OpState.ISSUED
+    op.ready_at = None  # the executor owns ready_at from here on
+    if op.issued_at is None:
+        op.issued_at = now

@@ -1,0 +1,178 @@
+"""One executor per device: a dependency-driven queue and a worker running one op at a time.
+
+The worker thread picks among ready ops with `pick_next` (the rule the
+simulator imports), runs the op, stamps (start, end) and reports the
+completion to the asyncio loop. When another op is already ready it runs it
+at once, without a round trip through the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from executors.dispatch import mark_issued, pick_next, ready_time
+from executors.runner import RecvNotReady
+from executors.types import Device, OpInstance, OpState
+
+RunOp = Callable[[OpInstance], Any]
+OnDone = Callable[[OpInstance], None]
+
+RECV_RETRY_S = 0.002  # a Recv that could not allocate waits this long before trying again
+
+
+class Executor:
+    """Runs issued ops of one device on its own thread, one at a time.
+
+    `on_done(op)` is called on `loop` (thread-safe hand-off) once the op is DONE or
+    FAILED, with `op.start`/`op.end` stamped from `time.monotonic()`; with `loop=None`
+    it is called in the worker thread. Subclasses override `_thread_init` and `_run`.
+    """
+
+    def __init__(self, device: Device, run_op: RunOp, on_done: OnDone,
+                 loop: asyncio.AbstractEventLoop | None, intra_op_threads: int = 1) -> None:
+        self.device = device
+        self._run_op = run_op
+        self._on_done = on_done
+        self._loop = loop
+        self._threads = intra_op_threads
+        self._pending: list[OpInstance] = []
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.busy_s = 0.0  # total time spent running ops
+        self.alive = True
+        self.running: OpInstance | None = None
+        # set by the group: wakes every executor (an op here may unblock ops elsewhere)
+        self.wake_all: Callable[[], None] = self.notify
+
+    # -- called from the event loop ------------------------------------------------------
+    def enqueue(self, op: OpInstance) -> None:
+        """Queue `op` (a FAILED op is re-issued for a retry; see `dispatch.mark_issued`)."""
+        with self._cond:
+            mark_issued(op, time.monotonic())
+            self._pending.append(op)
+            self._cond.notify()
+
+    def cancel(self, ops: set[OpInstance]) -> list[OpInstance]:
+        """Remove queued (not running) ops; returns the ones removed."""
+        with self._cond:
+            removed = [op for op in self._pending if op in ops]
+            self._pending = [op for op in self._pending if op not in ops]
+            return removed
+
+    def notify(self) -> None:
+        """A dependency may have finished elsewhere: look at the queue again."""
+        with self._cond:
+            self._cond.notify()
+
+    def queued(self) -> list[OpInstance]:
+        with self._cond:
+            return list(self._pending)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._work, name=f"exec-{self.device.name}",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    # -- worker thread -------------------------------------------------------------------
+    def _next_ready(self) -> tuple[OpInstance | None, float | None]:
+        """The op to run now (by `pick_next`), else how long until a waiting op's ready_at."""
+        now = time.monotonic()
+        ready = []
+        wake: float | None = None
+        for op in self._pending:
+            if not op.is_ready:
+                continue
+            if op.ready_at is None:
+                op.ready_at = ready_time(op, now)
+            if op.ready_at <= now:
+                ready.append(op)
+            else:  # a Recv waiting to retry
+                wake = op.ready_at - now if wake is None else min(wake, op.ready_at - now)
+        return pick_next(ready), wake
+
+    def _take(self) -> OpInstance | None:
+        with self._cond:
+            while not self._stopping:
+                op, wake = self._next_ready()
+                if op is not None:
+                    self._pending.remove(op)
+                    op.state = OpState.RUNNING
+                    self.running = op
+                    return op
+                # NOTE: woken by enqueue/notify (a dep finished elsewhere) or a Recv retry time
+                self._cond.wait(timeout=wake)
+            return None
+
+    def _work(self) -> None:
+        try:
+            self._thread_init()
+            while (op := self._take()) is not None:
+                self._execute(op)
+        except BaseException:  # pragma: no cover - a dead executor is reported by health
+            self.alive = False
+            raise
+
+    def _thread_init(self) -> None:
+        """Runs first in the worker thread (override point: CUDA device and stream)."""
+        torch.set_num_threads(self._threads)
+
+    def _run(self, op: OpInstance) -> Any:
+        """Run `op` to completion and return its output (override point: CUDA streams)."""
+        return self._run_op(op)
+
+    def _execute(self, op: OpInstance) -> None:
+        op.start = time.monotonic()
+        op.attempts += 1
+        try:
+            op.output = self._run(op)
+            state = OpState.DONE
+        except RecvNotReady:
+            self._requeue_recv(op)
+            return
+        except Exception as e:  # an op fault: reported, the executor keeps running
+            op.error, state = e, OpState.FAILED
+        op.end = time.monotonic()  # NOTE: end before state, so dependents see both
+        op.state = state
+        self.busy_s += op.end - op.start
+        self.running = None
+        self.wake_all()
+        self._report(op)
+
+    def _report(self, op: OpInstance) -> None:
+        if self._loop is None:
+            self._on_done(op)
+            return
+        # NOTE: a loop closed under us (shutdown) raises RuntimeError: nobody is listening
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(self._on_done, op)
+
+    def _requeue_recv(self, op: OpInstance) -> None:
+        with self._cond:
+            op.state, op.start = OpState.ISSUED, None
+            op.ready_at = time.monotonic() + RECV_RETRY_S  # others may run meanwhile
+            self._pending.append(op)
+            self.running = None
+
+
+def link(executors: list[Executor]) -> None:
+    """Let each executor wake the others when one of its ops finishes."""
+    def wake_all() -> None:
+        for e in executors:
+            e.notify()
+    for e in executors:
+        e.wake_all = wake_all

@@ -1,0 +1,54 @@
+"""Runs one op instance: a model operator, or one half of a transfer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from executors.memory import MemoryLedger
+from executors.types import Device, OpInstance, OpRole
+from models.kv_cache import KVCache
+from models.loader import Model
+
+
+class RecvNotReady(Exception):
+    """The receiver could not allocate its buffer yet; the executor retries it later."""
+
+
+class ModelRunner:
+    """Executes op instances against one model, its per-device KV caches and memory ledgers."""
+
+    def __init__(self, model: Model, devices: dict[str, Device], kv: dict[str, KVCache],
+                 ledgers: dict[str, MemoryLedger]) -> None:
+        self.model = model
+        self.devices = devices
+        self.kv = kv
+        self.ledgers = ledgers
+
+    def __call__(self, op: OpInstance) -> Any:
+        if op.role is OpRole.COMPUTE:
+            return self._compute(op)
+        if op.role is OpRole.RECV:
+            return self._recv(op)
+        return self._send(op)
+
+    def _compute(self, op: OpInstance) -> Any:
+        assert op.batch is not None
+        dev = self.devices[op.device].torch_device
+        x = op.input.output if op.input is not None else None
+        return self.model.ops_on(dev)[op.template_index].run(op.batch, x, self.kv.get(op.device))
+
+    def _recv(self, op: OpInstance) -> torch.Tensor:
+        # NOTE: the buffer is counted against the destination until the op is released
+        assert op.input is not None  # the producer on the source device
+        if not self.ledgers[op.device].try_reserve("activations", op.transfer_bytes):
+            raise RecvNotReady(f"{op.device}: no room for {op.transfer_bytes} bytes")
+        shape = self.model.template.ops[op.input.template_index].output_shape(op.shape)
+        return torch.empty(shape, dtype=self.model.dtype,
+                           device=self.devices[op.device].torch_device)
+
+    def _send(self, op: OpInstance) -> None:
+        assert op.input is not None and op.peer is not None
+        src: torch.Tensor = op.input.output
+        op.peer.output.copy_(src, non_blocking=src.device.type == "cuda")

@@ -1,0 +1,87 @@
+"""What every policy needs: the round context, placements, decode groups, prefill packing."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from executors.types import Priority
+from scheduler.config import SchedulerConfig
+from scheduler.gmg import GMG
+from scheduler.ieg import BoundedQueues
+from scheduler.kv import KVManager
+from scheduler.plan import Builder, Feed, Plan
+from scheduler.state import Placement, RequestState
+
+
+@dataclass
+class RoundContext:
+    """What a policy sees and may do in one scheduling round."""
+
+    now: float
+    cfg: SchedulerConfig
+    devices: list[str]
+    num_ops: int  # operators in the chain
+    waiting: BoundedQueues[RequestState]  # not admitted yet (no KV)
+    runnable: list[RequestState]  # admitted, not in flight, not finished
+    kv: KVManager
+    builder: Builder
+    gmg: GMG
+    admit: Callable[[RequestState, Placement], None]  # reserves KV, leaves the waiting queue
+    issue: Callable[[Plan], None]  # builds the plan's ops and enqueues them
+    preempt: Callable[[RequestState], None]  # frees a runnable request's KV, back to waiting
+    prefill_inflight: dict[str, int]  # device -> prefill plans in flight
+    tightest_slo_s: float  # smallest TTFT SLO among requests seen (sizes low-priority chunks)
+
+    def load(self, device: str) -> float:
+        """Estimated seconds of work queued or running on `device`."""
+        return sum(op.est_s for op in self.gmg.scheduled.values() if op.device == device)
+
+    def least_loaded(self, devices: list[str]) -> str:
+        return min(devices, key=lambda d: (self.load(d), d))
+
+
+def single(device: str, num_ops: int) -> Placement:
+    return (device,) * num_ops
+
+
+def split(first: str, second: str, at: int, num_ops: int) -> Placement:
+    """Ops [0, at) on `first`, the rest on `second`."""
+    return (first,) * at + (second,) * (num_ops - at)
+
+
+def decode_plans(states: list[RequestState], cfg: SchedulerConfig,
+                 priority_of: Callable[[RequestState], Priority]) -> list[Plan]:
+    """Decode steps of runnable requests, batched by (placement, priority)."""
+    groups: dict[tuple[Placement, Priority], list[RequestState]] = defaultdict(list)
+    for s in states:
+        if not s.is_prefilling and s.placement is not None:
+            groups[(s.placement, priority_of(s))].append(s)
+    plans = []
+    for (placement, prio), members in sorted(groups.items(), key=lambda kv: kv[0][1]):
+        for i in range(0, len(members), cfg.max_decode_seqs):
+            feeds = [Feed(s, s.next_chunk(1), s.num_computed)
+                     for s in members[i:i + cfg.max_decode_seqs]]
+            plans.append(Plan(prio, placement, [feeds]))
+    return plans
+
+
+def prefill_feed(state: RequestState, max_tokens: int) -> Feed:
+    return Feed(state, state.next_chunk(max_tokens), state.num_computed)
+
+
+def chunk_feeds(state: RequestState, chunk_tokens: int, num_chunks: int) -> list[list[Feed]]:
+    """A prefill cut into `num_chunks` consecutive chunks (a chunked pipeline)."""
+    todo = state.next_chunk(chunk_tokens * num_chunks)
+    size = -(-len(todo) // num_chunks)
+    past = state.num_computed
+    chunks = []
+    for i in range(0, len(todo), size):
+        chunks.append([Feed(state, todo[i:i + size], past + i)])
+    return chunks
+
+
+def kv_tokens(state: RequestState) -> int:
+    """KV a request reserves at admission: everything it may ever hold."""
+    return state.prompt_len + state.req.max_tokens

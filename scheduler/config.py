@@ -1,0 +1,33 @@
+"""Scheduler settings: one frozen tree, validated once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from executors.types import Priority
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    policy: str = "slice"
+    block_size: int = 16
+    max_batch_tokens: int = 2048  # prefill tokens per plan
+    max_decode_seqs: int = 64  # sequences per decode plan
+    max_model_len: int = 2048
+    queue_capacity: dict[Priority, int] = field(default_factory=lambda: {
+        Priority.HIGH: 256, Priority.NORMAL: 256, Priority.LOW: 1024})
+    # NOTE: a low-priority op may delay a high-priority one by one operator; its prefill
+    # chunk is sized so that one layer group takes at most this fraction of the tightest SLO.
+    lp_op_slo_fraction: float = 0.1
+    min_lp_chunk_tokens: int = 16
+    default_ttft_slo_s: float = 1.0  # used to size low-priority chunks when no tenant sets one
+    timeline_size: int = 20000  # op executions kept for /admin/timeline
+    max_op_attempts: int = 2  # an op that fails is retried once, then its requests fail
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.max_batch_tokens < 1 or self.max_decode_seqs < 1:
+            raise ValueError("block_size, max_batch_tokens and max_decode_seqs must be >= 1")
+        if self.max_model_len < 2:
+            raise ValueError("max_model_len must be >= 2")
+        if not 0 < self.lp_op_slo_fraction <= 1:
+            raise ValueError("lp_op_slo_fraction must be in (0, 1]")

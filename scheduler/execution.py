@@ -1,0 +1,134 @@
+"""The scheduler's side of the executors: device pools, one executor per device, op hand-off."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from typing import Protocol
+
+from executors.cuda import CudaExecutor
+from executors.executor import Executor, OnDone, RunOp, link
+from executors.memory import MemoryLedger
+from executors.runner import ModelRunner
+from executors.types import Device, OpInstance, OpRole, OpState
+from models.batch import BatchShape
+from models.kv_cache import KVCache
+from models.loader import Model
+from scheduler.config import SchedulerConfig
+from scheduler.kv import KVManager
+
+
+class ExecutorLike(Protocol):
+    busy_s: float
+    alive: bool
+
+    def enqueue(self, op: OpInstance) -> None: ...
+    def cancel(self, ops: set[OpInstance]) -> list[OpInstance]: ...
+    def notify(self) -> None: ...
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+
+
+ExecutorFactory = Callable[[Device, RunOp, OnDone, asyncio.AbstractEventLoop], ExecutorLike]
+
+
+def activation_reserve(model: Model, cfg: SchedulerConfig) -> int:
+    """Bytes kept for activations: a full prefill plan and a full decode plan in flight."""
+    t = model.template
+    prefill = BatchShape(cfg.max_batch_tokens, 1, 1, cfg.max_batch_tokens ** 2,
+                         cfg.max_batch_tokens)
+    decode = BatchShape(cfg.max_decode_seqs, cfg.max_decode_seqs, cfg.max_decode_seqs,
+                        cfg.max_decode_seqs * cfg.max_model_len,
+                        cfg.max_decode_seqs * cfg.max_model_len)
+    return 2 * max(o.activation_bytes(s) for o in t.ops for s in (prefill, decode))
+
+
+def kv_pools(model: Model, devices: list[Device], ledgers: dict[str, MemoryLedger],
+             cfg: SchedulerConfig) -> dict[str, KVCache]:
+    """Reserve weights and activations on every device; the rest of its budget is KV."""
+    c = model.config
+    per_block = KVCache.bytes_per_block(c.num_layers, cfg.block_size, c.num_kv_heads,
+                                        c.head_dim, model.dtype)
+    reserve = activation_reserve(model, cfg)
+    pools = {}
+    for d in devices:
+        ledger = ledgers[d.name]
+        # NOTE: virtual CPU devices share one copy of the weights but each counts it, as GPUs do
+        ledger.reserve("weights", model.template.weight_bytes)
+        num_blocks = (ledger.free_bytes - reserve) // per_block
+        if num_blocks < 1:
+            raise ValueError(f"{d.name}: {d.memory_bytes / 2**30:.2f} GiB leaves no room for KV "
+                             f"after {model.template.weight_bytes / 2**30:.2f} GiB of weights and "
+                             f"{reserve / 2**30:.2f} GiB of activations; raise the budget")
+        pools[d.name] = model.new_kv_cache(int(num_blocks), cfg.block_size,
+                                           device=d.torch_device)
+        ledger.reserve("kv", pools[d.name].num_bytes)
+    return pools
+
+
+def default_factory(cpu_threads: int) -> ExecutorFactory:
+    """Thread executors; CPU devices split the cores between them."""
+    def make(device: Device, run_op: RunOp, on_done: OnDone,
+             loop: asyncio.AbstractEventLoop) -> ExecutorLike:
+        if device.kind == "cuda":
+            return CudaExecutor(device, run_op, on_done, loop)
+        return Executor(device, run_op, on_done, loop, intra_op_threads=cpu_threads)
+    return make
+
+
+class Execution:
+    """One executor per device plus the runner that executes ops on them."""
+
+    def __init__(self, model: Model, devices: dict[str, Device], kv: KVManager,
+                 ledgers: dict[str, MemoryLedger], on_done: OnDone,
+                 factory: ExecutorFactory | None = None) -> None:
+        self.devices, self.ledgers, self._on_done = devices, ledgers, on_done
+        self.runner = ModelRunner(model, devices, kv.pools, ledgers)
+        cpu = sum(d.kind == "cpu" for d in devices.values())
+        self._factory = factory or default_factory(max(1, (os.cpu_count() or 1) // max(1, cpu)))
+        self.executors: dict[str, ExecutorLike] = {}
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        for name, dev in self.devices.items():
+            self.executors[name] = self._factory(dev, self.runner, self._on_done, loop)
+        real = [e for e in self.executors.values() if isinstance(e, Executor)]
+        link(real)
+        for e in self.executors.values():
+            e.start()
+
+    def stop(self) -> None:
+        for e in self.executors.values():
+            e.stop()
+
+    def enqueue(self, ops: list[OpInstance]) -> None:
+        for op in ops:
+            self.executors[op.device].enqueue(op)
+
+    def retry(self, op: OpInstance) -> None:
+        op.state, op.error, op.output, op.start, op.end, op.ready_at = (
+            OpState.ISSUED, None, None, None, None, None)
+        self.executors[op.device].enqueue(op)
+
+    def cancel(self, ops: list[OpInstance]) -> None:
+        by_dev: dict[str, set[OpInstance]] = {}
+        for op in ops:
+            if not op.state.is_finished and op.state is not OpState.RUNNING:
+                by_dev.setdefault(op.device, set()).add(op)
+        for dev, group in by_dev.items():
+            self.executors[dev].cancel(group)
+
+    def release(self, ops: list[OpInstance]) -> None:
+        """A plan is over: give back receive buffers and drop activations."""
+        for op in ops:
+            if op.role is OpRole.RECV and op.state is OpState.DONE:
+                self.ledgers[op.device].release("activations", op.transfer_bytes)
+            op.output = None
+            op.batch = None
+
+    def busy_s(self, device: str) -> float:
+        return self.executors[device].busy_s if device in self.executors else 0.0
+
+    @property
+    def healthy(self) -> bool:
+        return all(e.alive for e in self.executors.values())

@@ -1,0 +1,186 @@
+"""`slice`: the full design. Placements chosen by what-if simulation of the GMG.
+
+Each round: high-priority prefills by earliest TTFT deadline (then normal),
+each placed on the candidate partition (one device, a layer split over two,
+or a chunked pipeline over that split) with the earliest predicted first
+token; then decode steps; then low-priority work, in chunks sized so one
+layer group fits well inside the tightest SLO, each issued only if the
+simulation predicts that no request with a TTFT deadline misses it because
+of that batch. OOM candidates are discarded, never tried.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from executors.types import Priority
+from models.batch import BatchShape
+from scheduler.batching import (
+    RoundContext,
+    chunk_feeds,
+    decode_plans,
+    kv_tokens,
+    prefill_feed,
+    single,
+    split,
+)
+from scheduler.plan import Plan, to_candidate
+from scheduler.policy import preempt_for
+from scheduler.simulator import Prediction, simulate
+from scheduler.state import Placement, RequestState
+
+CHUNK_COUNTS = (2, 4)  # chunked-pipeline candidates
+MIN_PIPELINE_TOKENS = 128  # shorter prompts are not worth a split
+SLACK_S = 1e-4
+
+
+@dataclass(slots=True)
+class Scored:
+    plan: Plan
+    prediction: Prediction
+    score: float
+
+
+class SlicePolicy:
+    name = "slice"
+
+    def run_round(self, ctx: RoundContext) -> None:
+        for prio in (Priority.HIGH, Priority.NORMAL):
+            self._urgent(ctx, prio)
+        for plan in decode_plans(ctx.runnable, ctx.cfg, lambda s: s.priority):
+            if plan.priority < Priority.LOW or self._harmless(ctx, plan):
+                ctx.issue(plan)
+        self._low(ctx)
+
+    # -- high / normal -----------------------------------------------------------------------
+    def _urgent(self, ctx: RoundContext, prio: Priority) -> None:
+        going = [s for s in ctx.runnable if s.priority == prio and s.is_prefilling]
+        for s in going:
+            assert s.placement is not None
+            ctx.issue(Plan(prio, s.placement, [[prefill_feed(s, ctx.cfg.max_batch_tokens)]]))
+        waiting = sorted(ctx.waiting.queue(prio),
+                         key=lambda s: (s.req.ttft_deadline or float("inf"), s.req.arrival_time))
+        for s in waiting:
+            best = self._best_placement(ctx, s)
+            if best is None:
+                break  # NOTE: nothing fits now; later arrivals of this class wait behind it
+            ctx.admit(s, best.plan.placement)
+            ctx.issue(best.plan)
+
+    def _best_placement(self, ctx: RoundContext, s: RequestState) -> Scored | None:
+        snap = ctx.gmg.snapshot(ctx.now)
+        best: Scored | None = None
+        for placement, chunks in self._candidates(ctx, s):
+            devices = set(placement)
+            if not ctx.kv.can_reserve(devices, kv_tokens(s)):
+                continue
+            plan = ctx.builder.build(Plan(s.priority, placement, chunks), tensors=False)
+            pred = simulate(snap, to_candidate(plan, {}))
+            if pred.oom:
+                continue
+            score = pred.first_token.get(s.rid, pred.end)
+            if best is None or score < best.score - SLACK_S:
+                best = Scored(plan, pred, score)
+        if best is None and self._make_room(ctx, s):
+            return self._best_placement(ctx, s)
+        return best
+
+    def _candidates(self, ctx: RoundContext, s: RequestState
+                    ) -> list[tuple[Placement, list[list]]]:
+        budget = ctx.cfg.max_batch_tokens
+        out: list[tuple[Placement, list[list]]] = [
+            (single(d, ctx.num_ops), [[prefill_feed(s, budget)]]) for d in ctx.devices]
+        todo = len(s.next_chunk(budget))
+        if len(ctx.devices) < 2 or todo < MIN_PIPELINE_TOKENS:
+            return out
+        a, b = sorted(ctx.devices, key=lambda d: (ctx.load(d), d))[:2]
+        at = 1 + (ctx.num_ops - 2) // 2  # embed + first half of the layer groups
+        for first, second in ((a, b), (b, a)):
+            placement = split(first, second, at, ctx.num_ops)
+            out.append((placement, [[prefill_feed(s, budget)]]))
+            for n in CHUNK_COUNTS:
+                if todo >= n * MIN_PIPELINE_TOKENS // 2:
+                    out.append((placement, chunk_feeds(s, -(-todo // n), n)))
+        return out
+
+    def _make_room(self, ctx: RoundContext, s: RequestState) -> bool:
+        return any(preempt_for(ctx, d, s) for d in ctx.devices)
+
+    # -- low ----------------------------------------------------------------------------------
+    def _low(self, ctx: RoundContext) -> None:
+        if ctx.waiting.count(Priority.HIGH) or ctx.waiting.count(Priority.NORMAL):
+            return  # NOTE: urgent requests wait for memory; do not let low work take it
+        free = [d for d in ctx.devices if not ctx.prefill_inflight[d]]
+        going = [s for s in ctx.runnable if s.priority == Priority.LOW and s.is_prefilling]
+        for s in sorted(going, key=lambda s: s.req.arrival_time):
+            assert s.placement is not None
+            if s.placement[0] in free and self._try_low(ctx, s, s.placement):
+                free.remove(s.placement[0])
+        for s in list(ctx.waiting.queue(Priority.LOW)):
+            if not free:
+                return
+            placed = self._place_low(ctx, s, free)
+            if placed is None:
+                return
+            free.remove(placed)
+
+    def _place_low(self, ctx: RoundContext, s: RequestState, free: list[str]) -> str | None:
+        for d in sorted(free, key=lambda d: (ctx.load(d), d)):
+            if not ctx.kv.can_reserve({d}, kv_tokens(s)):
+                continue
+            placement = single(d, ctx.num_ops)
+            if self._try_low(ctx, s, placement, admit=True):
+                return d
+        return None
+
+    def _try_low(self, ctx: RoundContext, s: RequestState, placement: Placement,
+                 admit: bool = False) -> bool:
+        tokens = self._lp_chunk(ctx, placement[0], s)
+        plan = Plan(Priority.LOW, placement, [[prefill_feed(s, tokens)]])
+        if not self._harmless(ctx, plan):
+            return False
+        if admit:
+            ctx.admit(s, placement)
+        ctx.issue(plan)
+        return True
+
+    def _lp_chunk(self, ctx: RoundContext, device: str, s: RequestState) -> int:
+        """Largest chunk whose slowest layer group stays within a fraction of the tightest SLO."""
+        bound = ctx.cfg.lp_op_slo_fraction * self._tightest_slo(ctx)
+        group = ctx.builder.template.layer_groups[0].name
+        lo, hi = ctx.cfg.min_lp_chunk_tokens, ctx.cfg.max_batch_tokens
+        past = s.num_computed
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            shape = BatchShape(mid, 1, 1, mid * (past + mid), past + mid)
+            if ctx.builder.op_time(device, group, shape) <= bound:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _tightest_slo(self, ctx: RoundContext) -> float:
+        slos = [s.req.ttft_slo_s for s in ctx.runnable if s.req.ttft_slo_s is not None]
+        slos += [s.req.ttft_slo_s for p in (Priority.HIGH, Priority.NORMAL)
+                 for s in ctx.waiting.queue(p) if s.req.ttft_slo_s is not None]
+        slos.append(ctx.tightest_slo_s)
+        return min(slos)
+
+    def _harmless(self, ctx: RoundContext, plan: Plan) -> bool:
+        """True unless the plan would make a request with a TTFT deadline miss it.
+
+        NOTE: KV pools are reserved whole at start-up and admission is checked against
+        them, so the simulated memory that can overflow is activations.
+        """
+        snap = ctx.gmg.snapshot(ctx.now)
+        if not snap.deadlines:
+            return True
+        built = ctx.builder.build(plan, tensors=False)
+        base, pred = simulate(snap), simulate(snap, to_candidate(built, {}))
+        if pred.oom:
+            return False
+        for rid, deadline in snap.deadlines:
+            t = pred.first_token.get(rid)
+            if t is not None and t > deadline and t > base.first_token.get(rid, t) + SLACK_S:
+                return False
+        return True

@@ -1,0 +1,29 @@
+"""The scheduler's numbers for /metrics (`SchedulerStats`)."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from scheduler.api import SchedulerStats
+
+if TYPE_CHECKING:
+    from scheduler.scheduler import Scheduler
+
+
+def collect(s: Scheduler) -> SchedulerStats:
+    running: Counter[tuple[str, str]] = Counter()
+    waiting: Counter[tuple[str, str]] = Counter()
+    for st in s.states.values():
+        key = (st.req.tenant, st.priority.label)
+        (running if st.placement is not None else waiting)[key] += 1
+    wall = max(1e-9, time.monotonic() - s._started_at)
+    rounds, s.books.round_s = s.books.round_s, []
+    mape = s.estimator.mape() if s.estimator is not None else {}
+    return SchedulerStats(
+        num_running=dict(running), num_waiting=dict(waiting), kv_cache_usage=s.kv.usage(),
+        num_preemptions=dict(s.books.preemptions),
+        slo_attainment={p.label: c.attainment for p, c in s.books.slo.items()},
+        device_busy_ratio={d: min(1.0, s.exec.busy_s(d) / wall) for d in s.devices},
+        simulation_seconds=rounds, estimator_mape=mape, healthy=s.exec.healthy)
