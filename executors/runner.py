@@ -44,6 +44,7 @@ class ModelRunner:
         assert op.input is not None  # the producer on the source device
         if not self.ledgers[op.device].try_reserve("activations", op.transfer_bytes):
             raise RecvNotReady(f"{op.device}: no room for {op.transfer_bytes} bytes")
+        op.held_bytes = op.transfer_bytes
         shape = self.model.template.ops[op.input.template_index].output_shape(op.shape)
         return torch.empty(shape, dtype=self.model.dtype,
                            device=self.devices[op.device].torch_device)

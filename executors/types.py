@@ -102,6 +102,7 @@ class OpInstance:
     est_s: float = 0.0  # estimated duration
     mem_bytes: int = 0  # activation bytes held from start until consumers finish
     transfer_bytes: int = 0  # RECV/SEND: bytes moved
+    held_bytes: int = 0  # RECV: bytes reserved on its device's ledger until released
     state: OpState = OpState.UNSCHEDULED
     issued_at: float | None = None
     ready_at: float | None = None

@@ -11,7 +11,7 @@ from executors.cuda import CudaExecutor
 from executors.executor import Executor, OnDone, RunOp, link
 from executors.memory import MemoryLedger
 from executors.runner import ModelRunner
-from executors.types import Device, OpInstance, OpRole, OpState
+from executors.types import Device, OpInstance, OpState
 from models.batch import BatchShape
 from models.kv_cache import KVCache
 from models.loader import Model
@@ -121,8 +121,9 @@ class Execution:
     def release(self, ops: list[OpInstance]) -> None:
         """A plan is over: give back receive buffers and drop activations."""
         for op in ops:
-            if op.role is OpRole.RECV and op.state is OpState.DONE:
-                self.ledgers[op.device].release("activations", op.transfer_bytes)
+            if op.held_bytes:
+                self.ledgers[op.device].release("activations", op.held_bytes)
+                op.held_bytes = 0
             op.output = None
             op.batch = None
 

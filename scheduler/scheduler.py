@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from executors.memory import MemoryLedger
@@ -43,8 +43,9 @@ class Scheduler:
     def __init__(self, model: Model, devices: list[Device], policy: str, op_time: OpTime,
                  xfer_time: XferTime, cfg: SchedulerConfig | None = None,
                  executor_factory: ExecutorFactory | None = None,
-                 estimator: Any = None) -> None:
+                 estimator: Any = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.model, self.cfg = model, cfg or SchedulerConfig(policy=policy)
+        self.clock = clock  # monotonic seconds; a virtual clock under fake executors
         self.devices = {d.name: d for d in devices}
         self.policy = make_policy(policy)
         self.estimator = estimator  # observe(op) / mape(), when online refit is on
@@ -64,12 +65,12 @@ class Scheduler:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._accepting = False
-        self._started_at = time.monotonic()
+        self._started_at = clock()
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
         self.exec.start(asyncio.get_running_loop())
-        self._accepting, self._started_at = True, time.monotonic()
+        self._accepting, self._started_at = True, self.clock()
         self._task = asyncio.create_task(self._loop(), name="slicegate-scheduler")
 
     async def stop(self, drain: bool = True, timeout_s: float = 30.0) -> None:
@@ -168,7 +169,7 @@ class Scheduler:
     def _context(self) -> RoundContext:
         runnable = [s for s in self.states.values()
                     if s.placement is not None and not s.in_flight and not s.finished]
-        return RoundContext(time.monotonic(), self.cfg, list(self.devices),
+        return RoundContext(self.clock(), self.cfg, list(self.devices),
                             len(self.model.template.ops), self.waiting, runnable, self.kv,
                             self.builder, self.gmg, self._admit, self._issue, self._preempt,
                             self.prefill_inflight, self.tightest_slo_s)
@@ -190,7 +191,7 @@ class Scheduler:
 
     def _issue(self, plan: Plan) -> None:
         self.builder.build(plan, tensors=True)
-        now = time.monotonic()
+        now = self.clock()
         self.gmg.add(plan.ops, first_token_ops(plan))
         for i, final in enumerate(plan.finals):
             self.plans[final.op_id] = (plan, i)
@@ -249,7 +250,7 @@ class Scheduler:
             self._plan_done(plan)
 
     def _on_token(self, s: RequestState, token: int) -> None:
-        now = time.monotonic()
+        now = self.clock()
         if s.finished or s.abort_reason is not None:
             return
         s.output_ids.append(token)

@@ -65,7 +65,8 @@ def _init(snapshot: Snapshot, candidate: Candidate) -> _Sim:
     mem = {d.name: d.reserved_bytes + candidate.kv_bytes.get(d.name, 0)
            for d in snapshot.devices}
     pred = Prediction({}, {}, {}, dict(mem), False, now)
-    devices = {d.name for d in snapshot.devices} | {o.device for o in ops.values()}
+    names = [d.name for d in snapshot.devices]
+    devices = names + sorted({o.device for o in ops.values()} - set(names))  # dispatch order
     return _Sim(now, ops, waiting, succ, {d: [] for d in devices}, dict.fromkeys(devices, False),
                 mem, pred, [])
 

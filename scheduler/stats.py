@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from typing import TYPE_CHECKING
 
@@ -18,7 +17,7 @@ def collect(s: Scheduler) -> SchedulerStats:
     for st in s.states.values():
         key = (st.req.tenant, st.priority.label)
         (running if st.placement is not None else waiting)[key] += 1
-    wall = max(1e-9, time.monotonic() - s._started_at)
+    wall = max(1e-9, s.clock() - s._started_at)
     rounds, s.books.round_s = s.books.round_s, []
     mape = s.estimator.mape() if s.estimator is not None else {}
     return SchedulerStats(

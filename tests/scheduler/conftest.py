@@ -1,0 +1,30 @@
+from __future__ import annotations
+
+import pytest
+
+import models
+from executors.types import Device
+from models.batch import BatchShape
+from scheduler.config import SchedulerConfig
+from scheduler.scheduler import Scheduler
+
+
+def linear_time(device: str, name: str, shape: BatchShape) -> float:
+    """A cost model for tests: 1 ms per op plus 0.1 ms per token."""
+    return 1e-3 + 1e-4 * shape.num_tokens
+
+
+def xfer_time(src: str, dst: str, num_bytes: int) -> float:
+    return 1e-4
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> models.Model:
+    return models.load("tiny-random", dtype="float32")
+
+
+def make_scheduler(model: models.Model, policy: str, mem: int = 256 << 20,
+                   **kw: object) -> Scheduler:
+    devs = [Device("cpu:0", mem), Device("cpu:1", mem)]
+    cfg = SchedulerConfig(policy=policy, max_model_len=1024, max_batch_tokens=512)
+    return Scheduler(model, devs, policy, linear_time, xfer_time, cfg, **kw)  # type: ignore[arg-type]

@@ -1,0 +1,113 @@
+"""The scheduler on the tiny model over two CPU executors: outputs, aborts, placements."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import models
+from executors.types import Priority
+from models.generate import generate
+from models.sampling_params import SamplingParams
+from scheduler.ieg import FinishReason, Overloaded, Request, RequestTooLarge
+from scheduler.registry import POLICIES
+from tests.scheduler.conftest import make_scheduler
+
+GREEDY = SamplingParams(temperature=0, max_tokens=10)
+
+
+def _prompts() -> list[list[int]]:
+    return [[(7 * i + j) % 1000 + 3 for j in range(3 + 53 * i)] for i in range(6)]
+
+
+async def _collect(sched, req: Request) -> tuple[list[int], FinishReason | None]:  # type: ignore[no-untyped-def]
+    tokens, last = [], None
+    async for ev in sched.submit(req):
+        if ev.token_id is not None:
+            tokens.append(ev.token_id)
+        last = ev.finish_reason
+    return tokens, last
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+async def test_same_greedy_tokens_under_every_policy(tiny_model: models.Model,
+                                                     policy: str) -> None:
+    sched = make_scheduler(tiny_model, policy)
+    await sched.start()
+    try:
+        reqs = [Request(f"r{i}", "t", list(Priority)[i % 3], p, GREEDY, ttft_slo_s=1.0)
+                for i, p in enumerate(_prompts())]
+        got = await asyncio.gather(*[_collect(sched, r) for r in reqs])
+    finally:
+        await sched.stop()
+    for (tokens, reason), p in zip(got, _prompts(), strict=True):
+        assert tokens == generate(tiny_model, p, GREEDY).token_ids
+        assert reason is FinishReason.LENGTH
+    assert sched.kv.used_blocks() == 0 and not sched.states
+
+
+async def test_lone_long_prefill_is_pipelined_over_both_devices(tiny_model: models.Model) -> None:
+    sched = make_scheduler(tiny_model, "slice")
+    await sched.start()
+    prompt = [(5 * j) % 1000 + 3 for j in range(480)]
+    try:
+        tokens, _ = await _collect(sched, Request("p", "t", Priority.HIGH, prompt, GREEDY))
+    finally:
+        await sched.stop()
+    assert tokens == generate(tiny_model, prompt, GREEDY).token_ids
+    prefill_devices = {e["device"] for e in sched.timeline(0.0) if e["num_tokens"] > 1}
+    assert prefill_devices == {"cpu:0", "cpu:1"}
+    assert any(e["role"] == "send" for e in sched.timeline(0.0))
+
+
+async def test_abort_frees_kv_and_removes_queued_ops(tiny_model: models.Model) -> None:
+    sched = make_scheduler(tiny_model, "fcfs")
+    await sched.start()
+    try:
+        long = SamplingParams(temperature=0, max_tokens=400)
+        streams = [sched.submit(Request(f"a{i}", "t", Priority.LOW, p, long))
+                   for i, p in enumerate(_prompts())]
+        firsts = [await s.__anext__() for s in streams]  # every request is running now
+        assert all(f.token_id is not None for f in firsts)
+        for i in range(len(streams)):
+            sched.abort(f"a{i}", "abort")
+        for s in streams:
+            rest = [ev async for ev in s]
+            assert rest[-1].finish_reason is FinishReason.ABORT
+        for _ in range(200):
+            if not sched.gmg.scheduled and sched.kv.used_blocks() == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert sched.kv.used_blocks() == 0
+        assert not sched.gmg.scheduled
+        assert all(not e.queued() for e in sched.exec.executors.values())  # type: ignore[attr-defined]
+    finally:
+        await sched.stop()
+
+
+async def test_submit_rejects_what_can_never_run(tiny_model: models.Model) -> None:
+    sched = make_scheduler(tiny_model, "slice")
+    await sched.start()
+    try:
+        with pytest.raises(RequestTooLarge):
+            sched.submit(Request("big", "t", Priority.HIGH, [5] * 1000,
+                                 SamplingParams(max_tokens=100)))
+    finally:
+        await sched.stop()
+    with pytest.raises(Overloaded):
+        sched.submit(Request("late", "t", Priority.HIGH, [5], GREEDY))
+
+
+async def test_oom_candidate_is_never_issued(tiny_model: models.Model) -> None:
+    sched = make_scheduler(tiny_model, "slice")
+    await sched.start()
+    ledger = sched.ledgers["cpu:0"]
+    ledger.reserve("activations", ledger.free_bytes - 1024)  # cpu:0 has no room for activations
+    try:
+        tokens, _ = await _collect(sched, Request("o", "t", Priority.HIGH,
+                                                  _prompts()[3], GREEDY))
+    finally:
+        await sched.stop()
+    assert tokens == generate(tiny_model, _prompts()[3], GREEDY).token_ids
+    assert {e["device"] for e in sched.timeline(0.0)} == {"cpu:1"}
