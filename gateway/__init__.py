@@ -1,0 +1,8 @@
+"""OpenAI-compatible HTTP gateway: tenants, priority, streaming, metrics, graceful lifecycle."""
+
+from gateway.app import create_app
+from gateway.config import GatewayConfig, load_config
+from gateway.engine import Engine, build_engine
+from gateway.server import serve
+
+__all__ = ["Engine", "GatewayConfig", "build_engine", "create_app", "load_config", "serve"]

@@ -1,0 +1,73 @@
+"""`python -m gateway serve ...`: the OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from gateway.config import DTYPES, POLICIES, ConfigError, GatewayConfig, load_config
+from gateway.engine import build_engine
+from gateway.server import serve
+from gateway.tenants import TenantsFileError
+
+# flag dest -> config key (`section.field`)
+_OVERRIDES = {
+    "model": "model.spec", "served_model_name": "model.served_model_name",
+    "dtype": "model.dtype", "max_model_len": "model.max_model_len",
+    "devices": "scheduler.devices", "device_memory_gib": "scheduler.device_memory_gib",
+    "policy": "scheduler.policy", "tenants": "tenants_file", "host": "server.host",
+    "port": "server.port", "drain_timeout": "server.drain_timeout_s",
+    "request_timeout": "server.request_timeout_s", "log_level": "server.log_level",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m gateway",
+                                     description="slicegate: OpenAI-compatible LLM gateway")
+    commands = parser.add_subparsers(dest="command", required=True)
+    s = commands.add_parser("serve", help="run the HTTP server")
+    s.add_argument("--config", help="YAML or TOML config file (flags override it)")
+    s.add_argument("--model", help="model spec: 'default', a folder or a hub id")
+    s.add_argument("--served-model-name", help="the model name clients send")
+    s.add_argument("--dtype", choices=DTYPES)
+    s.add_argument("--max-model-len", type=int, help="context limit in tokens")
+    s.add_argument("--devices", help="e.g. cuda:0,cuda:1 (default: every GPU, else cpu:0,cpu:1)")
+    s.add_argument("--device-memory-gib", type=float, help="memory budget per device")
+    s.add_argument("--policy", choices=POLICIES)
+    s.add_argument("--tenants", help="tenants file (YAML); without one, auth is off")
+    s.add_argument("--host", help="bind address (default 127.0.0.1)")
+    s.add_argument("--port", type=int, help="port (default 8000)")
+    s.add_argument("--drain-timeout", type=float, help="SIGTERM: seconds to finish in-flight")
+    s.add_argument("--request-timeout", type=float, help="total deadline of one request, s")
+    s.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> GatewayConfig:
+    overrides: dict[str, Any] = {key: getattr(args, dest) for dest, key in _OVERRIDES.items()
+                                 if getattr(args, dest) is not None}
+    return load_config(args.config, overrides)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        config = config_from_args(args)
+    except (ConfigError, TenantsFileError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=config.server.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        engine = build_engine(config)
+    except (ValueError, OSError) as exc:  # a bad model spec, device list or budget
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return serve(config, engine)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

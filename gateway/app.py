@@ -1,0 +1,47 @@
+"""`create_app`: the FastAPI application, with the scheduler started and stopped by its lifespan."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from gateway.config import GatewayConfig
+from gateway.engine import Engine, build_engine
+from gateway.errors import install_error_handlers
+from gateway.lifecycle import DrainMiddleware, Lifecycle
+from gateway.metrics import GatewayMetrics
+from gateway.quotas import Quotas
+from gateway.routes import router
+from gateway.state import AppState
+
+
+def create_app(config: GatewayConfig, engine: Engine | None = None) -> FastAPI:
+    """The gateway app for `config`; `engine` defaults to `build_engine(config)`.
+
+    The app's lifespan starts the engine's scheduler and, on shutdown, stops it
+    (draining for up to `config.server.drain_timeout_s`). Its state is
+    `app.state.gateway` (an `AppState`).
+    """
+    engine = engine if engine is not None else build_engine(config)
+    metrics = GatewayMetrics(engine.served_model_name)
+    metrics.set_tenants(config.tenants.tenants)
+    state = AppState(config, engine, Quotas(), metrics, Lifecycle())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await engine.scheduler.start()
+        try:
+            yield
+        finally:
+            state.lifecycle.begin_drain()
+            await engine.scheduler.stop(drain=True, timeout_s=config.server.drain_timeout_s)
+
+    app = FastAPI(title="slicegate", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.gateway = state
+    app.include_router(router)
+    app.add_middleware(DrainMiddleware, lifecycle=state.lifecycle)
+    install_error_handlers(app)  # its middleware goes outermost: ids and 500s for everything
+    return app

@@ -1,0 +1,134 @@
+"""Serving one generation request: priority, limits, quotas, submit, then stream or collect.
+
+The route has authenticated the tenant, validated the body and tokenized the
+prompts; `generate` does the rest. Non-streaming requests race their
+collection against client disconnect, like streams do, so a client that
+gives up aborts its request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+from fastapi import Request
+from starlette.responses import Response
+from starlette.types import Receive
+
+from executors.types import Priority
+from gateway.errors import ApiError, arrival_of, request_id_of
+from gateway.generation import Generation, merge
+from gateway.job import Job, submit_error
+from gateway.prompts import resolve_max_tokens
+from gateway.protocol import GenerationOptions
+from gateway.responses import ResponseFormat, json_response
+from gateway.state import AppState, state_of
+from gateway.streaming import EventStreamResponse, sse_body, wait_for_disconnect
+from gateway.tenants import Tenant, effective_priority
+from models.sampling_params import SamplingParams
+from scheduler.ieg import Request as SchedulerRequest
+from scheduler.ieg import SubmitError
+
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"; never seen by it
+
+
+def _sampling(options: GenerationOptions, max_tokens: int,
+              eos_token_ids: tuple[int, ...]) -> SamplingParams:
+    stops = (() if options.ignore_eos else eos_token_ids) + options.stop_token_ids
+    return SamplingParams(temperature=options.temperature, top_p=options.top_p,
+                          top_k=options.top_k, seed=options.seed, max_tokens=max_tokens,
+                          min_tokens=options.min_tokens,
+                          stop_token_ids=tuple(dict.fromkeys(stops)))
+
+
+def _charged_tokens(options: GenerationOptions, prompts: list[list[int]],
+                    max_tokens: list[int], chat: bool) -> int:
+    # NOTE: chat without max_tokens is charged its prompt only, as OpenAI estimates it;
+    # settling at the end charges what was really generated.
+    prompt_tokens = sum(len(p) for p in prompts)
+    if chat and options.max_tokens is None:
+        return prompt_tokens
+    return prompt_tokens + sum(max_tokens)
+
+
+def _build_job(request: Request, state: AppState, tenant: Tenant, priority: Priority,
+               options: GenerationOptions, prompts: list[list[int]], chat: bool) -> Job:
+    engine, config = state.engine, state.config
+    max_tokens = [resolve_max_tokens(options, len(p), engine.max_model_len, chat)
+                  for p in prompts]
+    request_id = request_id_of(request)
+    fmt = ResponseFormat(chat, f"{'chatcmpl' if chat else 'cmpl'}-{request_id}",
+                         int(time.time()), engine.served_model_name, options.include_usage)
+    arrival = arrival_of(request)
+    generations = [
+        Generation(i, SchedulerRequest(
+            request_id=f"{fmt.id}-{i}", tenant=tenant.name, priority=priority,
+            prompt_token_ids=ids, sampling=_sampling(options, max_tokens[i], engine.eos_token_ids),
+            ttft_slo_s=tenant.ttft_slo_s, arrival_time=arrival,
+            deadline_s=config.server.request_timeout_s), engine, options.stop)
+        for i, ids in enumerate(prompts)]
+    lease = state.quotas.acquire(tenant, _charged_tokens(options, prompts, max_tokens, chat))
+    headers = {"x-slicegate-priority": priority.label, **state.quotas.headers(tenant)}
+    return Job(fmt, tenant, priority, generations, lease, state.metrics, arrival, headers)
+
+
+async def generate(request: Request, tenant: Tenant, options: GenerationOptions,
+                   prompts: list[list[int]], chat: bool) -> Response:
+    """Admit and run a validated generation request; the HTTP response."""
+    state = state_of(request)
+    priority = effective_priority(tenant.priority, request.headers.get("x-priority"),
+                                  options.priority, options.service_tier)
+    try:
+        job = _build_job(request, state, tenant, priority, options, prompts, chat)
+    except ApiError as exc:
+        if exc.status == 429:
+            state.metrics.rejected.labels(tenant.name, exc.type).inc()
+        raise
+    prompt_param = "messages" if chat else "prompt"
+    job.submit(prompt_param)
+    if options.stream:
+        return EventStreamResponse(sse_body(job, prompt_param), headers=job.headers)
+    result = await _collect_unless_disconnected(job, request.receive, prompt_param)
+    if result is None:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    return json_response(result, headers=job.headers)
+
+
+async def _collect(job: Job, prompt_param: str) -> dict[str, Any]:
+    n = len(job.generations)
+    texts: list[str] = [""] * n
+    finishes: list[str | None] = [None] * n
+    deltas = merge(job.generations)
+    try:
+        async for delta in deltas:
+            texts[delta.index] += delta.text
+            if delta.finish_reason == "error":
+                raise ApiError(500, f"Generation failed: {delta.error} (request id "
+                                    f"{job.format.id}).", code="generation_error")
+            if delta.finish_reason is not None:
+                finishes[delta.index] = delta.finish_reason
+    except SubmitError as exc:  # a scheduler that refuses lazily, at the first event
+        raise submit_error(exc, prompt_param) from None
+    finally:
+        await deltas.aclose()
+    return job.format.response(texts, finishes, job.usage())
+
+
+async def _collect_unless_disconnected(job: Job, receive: Receive,
+                                       prompt_param: str) -> dict[str, Any] | None:
+    """The response body, or None when the client went away first (the job is aborted)."""
+    collect = asyncio.ensure_future(_collect(job, prompt_param))
+    watch = asyncio.ensure_future(wait_for_disconnect(receive))
+    try:
+        await asyncio.wait({collect, watch}, return_when=asyncio.FIRST_COMPLETED)
+        return collect.result() if collect.done() else None
+    finally:
+        for task in (collect, watch):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for generation in job.generations:
+            generation.close()
+        job.finish()

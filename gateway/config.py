@@ -1,0 +1,184 @@
+"""The gateway's one frozen configuration tree, loaded from YAML/TOML with CLI overrides.
+
+A config file mirrors the tree (every key optional)::
+
+    model:     {spec: default, served_model_name: null, dtype: bfloat16, max_model_len: null}
+    scheduler: {devices: "cpu:0,cpu:1", device_memory_gib: null, policy: slice}
+    server:    {host: 127.0.0.1, port: 8000, drain_timeout_s: 30, request_timeout_s: 600}
+    tenants_file: tenants.yaml
+
+Precedence: built-in defaults < config file < command-line flags.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from gateway.tenants import TenantsConfig, load_tenants
+
+DTYPES = ("bfloat16", "float32")
+POLICIES = ("slice", "fcfs", "priority", "static")
+_DEVICE = re.compile(r"^(cuda|cpu):\d+$")
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value or file; the message names the key."""
+
+
+def default_devices() -> tuple[str, ...]:
+    """Every GPU, or two virtual CPU devices on a machine without one."""
+    count = torch.cuda.device_count()
+    return tuple(f"cuda:{i}" for i in range(count)) if count else ("cpu:0", "cpu:1")
+
+
+def parse_devices(value: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """`"cuda:0,cuda:1"` or a list -> a validated tuple of device names."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    devices = tuple(str(d).strip() for d in items if str(d).strip())
+    if not devices:
+        raise ConfigError("scheduler.devices: give at least one device (cuda:N or cpu:N)")
+    for device in devices:
+        if not _DEVICE.match(device):
+            raise ConfigError(f"scheduler.devices: {device!r} is not cuda:N or cpu:N")
+    if len(set(devices)) != len(devices):
+        raise ConfigError("scheduler.devices: a device is listed twice")
+    return devices
+
+
+def _require(ok: bool, key: str, problem: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: {problem}")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSettings:
+    """Which model to serve and how."""
+
+    spec: str = "default"  # models.load spec: "default", a folder, or a hub id
+    served_model_name: str | None = None  # the `model` clients send; None = derived from spec
+    dtype: str = "bfloat16"
+    max_model_len: int | None = None  # None = the model's own limit
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.spec, str) and bool(self.spec), "model.spec", "non-empty string")
+        _require(self.dtype in DTYPES, "model.dtype", f"one of {', '.join(DTYPES)}")
+        _require(self.max_model_len is None or (isinstance(self.max_model_len, int)
+                                                and self.max_model_len >= 1),
+                 "model.max_model_len", "a positive integer")
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerSettings:
+    """Where and how requests run."""
+
+    devices: tuple[str, ...] = field(default_factory=default_devices)
+    device_memory_gib: float | None = None  # per-device budget; None = what the device has
+    policy: str = "slice"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "devices", parse_devices(self.devices))
+        _require(self.policy in POLICIES, "scheduler.policy", f"one of {', '.join(POLICIES)}")
+        gib = self.device_memory_gib
+        _require(gib is None or (isinstance(gib, int | float) and not isinstance(gib, bool)
+                                 and gib > 0), "scheduler.device_memory_gib", "a positive number")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSettings:
+    """HTTP server and per-request limits."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    drain_timeout_s: float = 30.0  # SIGTERM: how long in-flight requests may finish
+    request_timeout_s: float = 600.0  # total deadline of one request, from arrival
+    max_prompts_per_request: int = 64  # completions: a list of prompts -> one choice each
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.port, int) and 0 <= self.port <= 65535, "server.port",
+                 "an integer in [0, 65535]")
+        for key in ("drain_timeout_s", "request_timeout_s"):
+            value = getattr(self, key)
+            _require(isinstance(value, int | float) and not isinstance(value, bool) and value > 0,
+                     f"server.{key}", "a positive number of seconds")
+        _require(isinstance(self.max_prompts_per_request, int)
+                 and self.max_prompts_per_request >= 1, "server.max_prompts_per_request",
+                 "a positive integer")
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    """Everything `create_app` and `serve` need, validated once."""
+
+    model: ModelSettings = field(default_factory=ModelSettings)
+    scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
+    server: ServerSettings = field(default_factory=ServerSettings)
+    tenants: TenantsConfig = field(default_factory=TenantsConfig)
+    tenants_file: str | None = None  # where `tenants` came from, for messages
+
+    @property
+    def served_model_name(self) -> str:
+        return self.model.served_model_name or self.model.spec
+
+
+_SECTIONS = {"model": ModelSettings, "scheduler": SchedulerSettings, "server": ServerSettings}
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """A YAML (.yaml/.yml) or TOML (.toml) config file as a dict."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)
+    except (OSError, tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: cannot read the config file: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections")
+    return data
+
+
+def load_config(path: str | Path | None = None,
+                overrides: Mapping[str, Any] | None = None) -> GatewayConfig:
+    """Defaults < file at `path` < `overrides` (keys `section.field` or `tenants_file`)."""
+    data = read_config_file(path) if path is not None else {}
+    unknown = set(data) - {*_SECTIONS, "tenants_file"}
+    if unknown:
+        raise ConfigError(f"unknown config key(s): {', '.join(sorted(unknown))}")
+    values: dict[str, dict[str, Any]] = {}
+    for name, cls in _SECTIONS.items():
+        section = data.get(name) or {}
+        if not isinstance(section, dict):
+            raise ConfigError(f"{name}: expected a mapping")
+        known = {f.name for f in dataclasses.fields(cls)}
+        bad = set(section) - known
+        if bad:
+            raise ConfigError(f"{name}: unknown key(s) {', '.join(sorted(bad))}")
+        values[name] = dict(section)
+    tenants_file = data.get("tenants_file")
+    for key, value in (overrides or {}).items():
+        if key == "tenants_file":
+            tenants_file = value
+        else:
+            section, _, name = key.partition(".")
+            values[section][name] = value
+    return _build(values, tenants_file)
+
+
+def _build(values: dict[str, dict[str, Any]], tenants_file: str | None) -> GatewayConfig:
+    try:
+        sections = {name: cls(**values[name]) for name, cls in _SECTIONS.items()}
+    except TypeError as exc:
+        raise ConfigError(str(exc)) from None
+    tenants = load_tenants(tenants_file) if tenants_file else TenantsConfig()
+    return GatewayConfig(tenants=tenants, tenants_file=tenants_file, **sections)

@@ -1,0 +1,107 @@
+"""What the gateway serves: one model's tokenizer plus the scheduler that runs it."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from gateway.config import GatewayConfig
+from models.loader import load
+from scheduler.api import SchedulerAPI
+from scheduler.config import SchedulerConfig
+from scheduler.factory import build_scheduler, parse_devices
+
+if TYPE_CHECKING:
+    from models import Model
+
+
+@dataclass(frozen=True, slots=True)
+class Engine:
+    """A tokenizer and a `SchedulerAPI` for one served model.
+
+    The gateway tokenizes, applies the chat template and detokenizes with
+    `tokenizer`, and submits `scheduler.ieg.Request`s to `scheduler`.
+    """
+
+    tokenizer: PreTrainedTokenizerBase
+    scheduler: SchedulerAPI
+    served_model_name: str  # the `model` reported in responses and /v1/models
+    max_model_len: int  # prompt + generated tokens, at most
+    vocab_size: int  # prompt token ids must be below it
+    eos_token_ids: tuple[int, ...] = ()  # end generation unless the request sets ignore_eos
+    model_aliases: tuple[str, ...] = ()  # other `model` values accepted for this model
+    created: int = field(default_factory=lambda: int(time.time()))  # unix s, for /v1/models
+
+    def __post_init__(self) -> None:
+        if self.max_model_len < 2:
+            raise ValueError("max_model_len must be >= 2")
+        if self.vocab_size < 1:
+            raise ValueError("vocab_size must be >= 1")
+
+    def serves(self, model: str | None) -> bool:
+        """Whether a request's `model` names this model (None: the client did not say)."""
+        return model is None or model == self.served_model_name or model in self.model_aliases
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    """The transformers tokenizer of a local model folder (no network)."""
+    tokenizer: Any = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    return tokenizer
+
+
+def eos_ids(tokenizer: PreTrainedTokenizerBase, *more: int) -> tuple[int, ...]:
+    """The tokenizer's EOS id plus `more` (e.g. the model config's), deduplicated."""
+    ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    return tuple(dict.fromkeys(int(i) for i in [*ids, *more]))
+
+
+def engine_for_model(model: Model, scheduler: SchedulerAPI, config: GatewayConfig) -> Engine:
+    """An Engine over a loaded `models.Model` and the scheduler that runs it.
+
+    Reads `model.path` (tokenizer files), `model.name`, `model.config.vocab_size`,
+    `model.config.max_position_embeddings` and `model.config.eos_token_ids`.
+    """
+    tokenizer = load_tokenizer(model.path)
+    limit = model.config.max_position_embeddings
+    max_model_len = min(config.model.max_model_len or limit, limit)
+    return Engine(
+        tokenizer=tokenizer,
+        scheduler=scheduler,
+        served_model_name=config.served_model_name,
+        max_model_len=max_model_len,
+        vocab_size=model.config.vocab_size,
+        eos_token_ids=eos_ids(tokenizer, *model.config.eos_token_ids),
+        model_aliases=tuple({model.name, config.model.spec} - {config.served_model_name}),
+    )
+
+
+CPU_DEVICE_MEMORY_GIB = 2.0  # default budget of a virtual CPU device
+
+
+def device_memory_gib(config: GatewayConfig) -> float:
+    """The configured per-device budget, else 90% of the first GPU, else the CPU default."""
+    if config.scheduler.device_memory_gib is not None:
+        return config.scheduler.device_memory_gib
+    first = config.scheduler.devices[0]
+    if first.startswith("cuda"):
+        return 0.9 * torch.cuda.get_device_properties(first).total_memory / 2**30
+    return CPU_DEVICE_MEMORY_GIB
+
+
+def build_engine(config: GatewayConfig) -> Engine:
+    """Load `config.model`, profile (or load cached) estimators, build the scheduler."""
+    model = load(config.model.spec, dtype=config.model.dtype)
+    limit = model.config.max_position_embeddings
+    max_len = min(config.model.max_model_len or limit, limit)
+    devices = parse_devices(list(config.scheduler.devices), device_memory_gib(config))
+    cfg = SchedulerConfig(policy=config.scheduler.policy, max_model_len=max_len)
+    return engine_for_model(model, build_scheduler(model, devices, cfg), config)

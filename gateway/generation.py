@@ -1,0 +1,152 @@
+"""One choice's generation: a submitted scheduler request turned into text deltas.
+
+`Generation` owns everything that ends a request early — a stop string
+(`abort(id, "stop")`), the total deadline (`abort(id, "deadline")`, finishing
+with `length`) and the client walking away (`abort(id, "abort")` from `close`)
+— so every request ends cleanly with a finish reason and frees its KV blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass
+
+from gateway.detokenize import IncrementalDetokenizer, StopMatcher
+from gateway.engine import Engine
+from scheduler.ieg import FinishReason, Request, TokenEvent
+
+_FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length",
+           FinishReason.ABORT: "abort", FinishReason.ERROR: "error"}
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    """New text of choice `index`; a choice's last delta carries its `finish_reason`."""
+
+    index: int
+    text: str
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    error: str | None = None  # with finish_reason "error"
+
+
+class Generation:
+    """Choice `index` of an HTTP request: submit, stream deltas, close (aborts if unfinished)."""
+
+    def __init__(self, index: int, request: Request, engine: Engine,
+                 stops: tuple[str, ...]) -> None:
+        self.index = index
+        self.request = request
+        self._scheduler = engine.scheduler
+        self._detokenizer = IncrementalDetokenizer(engine.tokenizer, request.prompt_token_ids)
+        self._matcher = StopMatcher(stops)
+        self._events: AsyncIterator[TokenEvent] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._deadline_hit = False
+        self.submit_time: float | None = None  # monotonic s
+        self.first_token_time: float | None = None  # monotonic s, from the scheduler's event
+        self.last_token_time: float | None = None
+        self.num_generated = 0
+        self.finish_reason: str | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.request.prompt_token_ids)
+
+    def submit(self) -> None:
+        """Hand the request to the scheduler (raises RequestTooLarge / Overloaded)."""
+        self._events = self._scheduler.submit(self.request)
+        self.submit_time = time.monotonic()
+        if self.request.deadline_s is not None:
+            delay = self.request.arrival_time + self.request.deadline_s - self.submit_time
+            self._timer = asyncio.get_running_loop().call_later(max(delay, 0.0),
+                                                                self._on_deadline)
+
+    def close(self) -> None:
+        """Abort the request if it is still running. Idempotent; safe in any `finally`."""
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._events is not None and self.finish_reason is None:
+            self.finish_reason = "abort"
+            self._scheduler.abort(self.request.request_id, "abort")
+
+    async def deltas(self) -> AsyncGenerator[Delta, None]:
+        """The choice's text as it is generated; always ends with a finishing delta."""
+        assert self._events is not None, "submit() first"
+        try:
+            async for event in self._events:
+                delta = self._on_event(event)
+                if delta is not None:
+                    yield delta
+                if self.finish_reason is not None:
+                    return
+            self.finish_reason = "abort"  # the scheduler ended the stream without a reason
+            yield Delta(self.index, self._matcher.flush(), "abort")
+        finally:
+            self.close()
+            aclose = getattr(self._events, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(Exception):
+                    await aclose()
+
+    def _on_deadline(self) -> None:
+        if self.finish_reason is None:
+            self._deadline_hit = True
+            self._scheduler.abort(self.request.request_id, "deadline")
+
+    def _on_event(self, event: TokenEvent) -> Delta | None:
+        text = ""
+        sampling = self.request.sampling
+        if event.token_id is not None:
+            self.num_generated += 1
+            self.first_token_time = self.first_token_time or event.time
+            self.last_token_time = event.time
+            ends_on_it = (event.finish_reason is FinishReason.STOP
+                          and event.token_id in sampling.stop_token_ids)
+            if not ends_on_it:  # NOTE: a stop token's own text is never part of the output
+                text = self._detokenizer.push(event.token_id)
+        out = self._matcher.feed(text, match=self.num_generated >= sampling.min_tokens)
+        if self._matcher.stopped:
+            self.finish_reason = "stop"
+            self._scheduler.abort(self.request.request_id, "stop")
+            return Delta(self.index, out, "stop")
+        if event.finish_reason is None:
+            return Delta(self.index, out) if out else None
+        out += self._matcher.feed(self._detokenizer.flush())
+        if self._matcher.stopped:
+            self.finish_reason = "stop"
+        else:
+            out += self._matcher.flush()
+            reason = _FINISH[event.finish_reason]
+            self.finish_reason = "length" if reason == "abort" and self._deadline_hit else reason
+        return Delta(self.index, out, self.finish_reason, event.error)
+
+
+async def merge(generations: list[Generation]) -> AsyncGenerator[Delta, None]:
+    """Deltas of all choices in arrival order; closing this iterator aborts unfinished ones."""
+    queue: asyncio.Queue[Delta | Exception] = asyncio.Queue()
+
+    async def pump(generation: Generation) -> None:
+        try:
+            async for delta in generation.deltas():
+                queue.put_nowait(delta)
+        except Exception as exc:  # surfaced to the consumer below
+            queue.put_nowait(exc)
+
+    tasks = [asyncio.create_task(pump(g)) for g in generations]
+    try:
+        remaining = len(generations)
+        while remaining:
+            item = await queue.get()
+            if isinstance(item, Exception):
+                raise item
+            if item.finish_reason is not None:
+                remaining -= 1
+            yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+        for generation in generations:
+            generation.close()

@@ -1,0 +1,89 @@
+"""A job: one admitted HTTP generation request, its choices, quota lease and bookkeeping."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+from executors.types import Priority
+from gateway.errors import ApiError
+from gateway.generation import Generation
+from gateway.metrics import GatewayMetrics
+from gateway.quotas import Lease, retry_after
+from gateway.responses import ResponseFormat, usage
+from gateway.tenants import Tenant
+from scheduler.ieg import Overloaded, RequestTooLarge, SubmitError
+
+
+@dataclass(slots=True)
+class Job:
+    """One HTTP request's generations; `finish` settles quotas and records metrics once."""
+
+    format: ResponseFormat
+    tenant: Tenant
+    priority: Priority
+    generations: list[Generation]
+    lease: Lease
+    metrics: GatewayMetrics
+    arrival_time: float  # monotonic s
+    headers: dict[str, str] = field(default_factory=dict)  # sent with the response
+    finished: bool = False
+
+    def submit(self, prompt_param: str) -> None:
+        """Submit every choice; on a refusal abort those already submitted and raise an ApiError."""
+        try:
+            for generation in self.generations:
+                generation.submit()
+        except Exception as exc:
+            for generation in self.generations:
+                generation.close()
+            self.finish()
+            if not isinstance(exc, SubmitError):
+                raise
+            self.metrics.rejected.labels(self.tenant.name, type(exc).__name__).inc()
+            raise submit_error(exc, prompt_param) from None
+
+    def usage(self) -> dict[str, int]:
+        return usage(sum(g.num_prompt_tokens for g in self.generations),
+                     sum(g.num_generated for g in self.generations))
+
+    def finish(self) -> None:
+        """Release the quota lease and record the request's metrics. Idempotent."""
+        if self.finished:
+            return
+        self.finished = True
+        used = self.usage()
+        self.lease.release(used["total_tokens"])
+        now = time.monotonic()
+        labels = self.metrics.labels(self.tenant.name, self.priority.label)
+        for generation in self.generations:
+            if generation.submit_time is not None:
+                self._observe(generation, labels, now)
+
+    def _observe(self, g: Generation, labels: tuple[str, str, str], now: float) -> None:
+        m = self.metrics
+        assert g.submit_time is not None
+        m.queue.labels(*labels).observe(g.submit_time - self.arrival_time)
+        m.prompt_tokens.labels(*labels).inc(g.num_prompt_tokens)
+        m.generation_tokens.labels(*labels).inc(g.num_generated)
+        m.success.labels(*labels, g.finish_reason or "abort").inc()
+        if g.first_token_time is None:
+            return
+        m.ttft.labels(*labels).observe(max(g.first_token_time - self.arrival_time, 0.0))
+        m.e2e.labels(*labels).observe(now - self.arrival_time)
+        if g.num_generated > 1 and g.last_token_time is not None:
+            tpot = (g.last_token_time - g.first_token_time) / (g.num_generated - 1)
+            m.tpot.labels(*labels).observe(tpot)
+
+
+def submit_error(exc: SubmitError, prompt_param: str) -> ApiError:
+    """The HTTP answer to a scheduler refusal."""
+    if isinstance(exc, RequestTooLarge):
+        return ApiError(400, f"The request is too large for this server: {exc}",
+                        param=prompt_param, code="request_too_large")
+    if isinstance(exc, Overloaded):
+        seconds = max(1, math.ceil(exc.retry_after_s))
+        return ApiError(503, f"The server is overloaded: {exc}. Please retry later.",
+                        code="overloaded", headers=retry_after(seconds))
+    return ApiError(503, f"The scheduler refused the request: {exc}", code="unavailable")

@@ -1,0 +1,121 @@
+"""Prometheus metrics: vLLM's names where the meaning is the same, plus slicegate's own.
+
+Request metrics are labelled by model_name, tenant and priority class. The
+scheduler's state is read once per scrape from `SchedulerAPI.stats()`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from gateway.tenants import Tenant
+from scheduler.api import SchedulerStats
+
+_LABELS = ["model_name", "tenant", "priority"]
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                    40.0, 80.0, 160.0, 640.0)
+_TOKEN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
+                  2.5, 5.0, 10.0)
+_SIM_BUCKETS = (1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5)
+
+
+class _StatsCollector:
+    """Emits the scheduler-side metric families from the latest `SchedulerStats`."""
+
+    def __init__(self, model_name: str) -> None:
+        self.model_name = model_name
+        self.stats = SchedulerStats()
+
+    def collect(self) -> Iterator[Metric]:
+        s, m = self.stats, self.model_name
+        yield _per_class(GaugeMetricFamily("vllm:num_requests_running",
+                                           "Requests decoding or prefilling, per tenant and class.",
+                                           labels=_LABELS), m, s.num_running)
+        yield _per_class(GaugeMetricFamily("vllm:num_requests_waiting",
+                                           "Requests waiting to be scheduled.", labels=_LABELS),
+                         m, s.num_waiting)
+        yield _per_class(CounterMetricFamily("vllm:num_preemptions",
+                                             "Cumulative preemptions.", labels=_LABELS),
+                         m, s.num_preemptions)
+        kv = GaugeMetricFamily("vllm:kv_cache_usage_perc", "KV-cache usage; 1 means 100 percent.",
+                               labels=["model_name"])
+        kv.add_metric([m], s.kv_cache_usage)
+        yield kv
+        yield _by_key(GaugeMetricFamily("slicegate_slo_attainment",
+                                        "Fraction of requests meeting their TTFT SLO, per class.",
+                                        labels=["priority"]), s.slo_attainment.items())
+        yield _by_key(GaugeMetricFamily("slicegate_device_busy_ratio",
+                                        "Fraction of time a device runs an operator.",
+                                        labels=["device"]), s.device_busy_ratio.items())
+        yield _by_key(GaugeMetricFamily("slicegate_estimator_mape",
+                                        "Mean absolute percentage error of an estimator.",
+                                        labels=["estimator"]), s.estimator_mape.items())
+        healthy = GaugeMetricFamily("slicegate_healthy", "1 while every executor is alive.")
+        healthy.add_metric([], 1.0 if s.healthy else 0.0)
+        yield healthy
+
+
+def _per_class(family: GaugeMetricFamily | CounterMetricFamily, model_name: str,
+               values: dict[tuple[str, str], int]) -> Metric:
+    for (tenant, priority), value in sorted(values.items()):
+        family.add_metric([model_name, tenant, priority], value)
+    return family
+
+
+def _by_key(family: GaugeMetricFamily, items: Iterable[tuple[str, float]]) -> Metric:
+    for key, value in sorted(items):
+        family.add_metric([key], value)
+    return family
+
+
+class GatewayMetrics:
+    """All metrics of one app, in its own registry (so several apps can share a process)."""
+
+    def __init__(self, model_name: str) -> None:
+        self.model_name = model_name
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token.",
+                              _LABELS, buckets=_LATENCY_BUCKETS, registry=r)
+        self.tpot = Histogram("vllm:time_per_output_token_seconds",
+                              "Mean time per output token after the first, per request.",
+                              _LABELS, buckets=_TOKEN_BUCKETS, registry=r)
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Arrival to last token.",
+                             _LABELS, buckets=_LATENCY_BUCKETS, registry=r)
+        self.queue = Histogram("vllm:request_queue_time_seconds",
+                               "Arrival to hand-over to the scheduler.", _LABELS,
+                               buckets=_LATENCY_BUCKETS, registry=r)
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prefilled prompt tokens.", _LABELS,
+                                     registry=r)
+        self.generation_tokens = Counter("vllm:generation_tokens", "Generated tokens.", _LABELS,
+                                         registry=r)
+        self.success = Counter("vllm:request_success", "Finished requests by finish reason.",
+                               [*_LABELS, "finished_reason"], registry=r)
+        self.rejected = Counter("slicegate_requests_rejected",
+                                "Requests refused before running (quota, overload, draining).",
+                                ["tenant", "reason"], registry=r)
+        self.ttft_slo = Gauge("slicegate_tenant_ttft_slo_seconds", "A tenant's TTFT SLO.",
+                              ["tenant", "priority"], registry=r)
+        self.simulation = Histogram("slicegate_simulation_seconds",
+                                    "Wall time of one what-if simulation.", buckets=_SIM_BUCKETS,
+                                    registry=r)
+        self._stats = _StatsCollector(model_name)
+        r.register(self._stats)
+
+    def set_tenants(self, tenants: Iterable[Tenant]) -> None:
+        for tenant in tenants:
+            if tenant.ttft_slo_s is not None:
+                self.ttft_slo.labels(tenant.name, tenant.priority.label).set(tenant.ttft_slo_s)
+
+    def labels(self, tenant: str, priority: str) -> tuple[str, str, str]:
+        return self.model_name, tenant, priority
+
+    def render(self, stats: SchedulerStats) -> bytes:
+        """The exposition text, after folding in the scheduler's current stats."""
+        for sample in stats.simulation_seconds:
+            self.simulation.observe(sample)
+        self._stats.stats = stats
+        return generate_latest(self.registry)

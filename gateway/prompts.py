@@ -1,0 +1,78 @@
+"""Prompts to token ids (chat template, tokenizer) and the context-length rules."""
+
+from __future__ import annotations
+
+from jinja2 import TemplateError
+
+from gateway.engine import Engine
+from gateway.errors import invalid
+from gateway.protocol import ChatMessage, GenerationOptions, Prompt
+
+DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions
+
+
+def tokenize_completion(engine: Engine, prompts: tuple[Prompt, ...]) -> list[list[int]]:
+    """Token ids of each prompt: text is encoded with special tokens (BOS), ids are checked."""
+    out = []
+    for i, prompt in enumerate(prompts):
+        param = f"prompt[{i}]" if len(prompts) > 1 else "prompt"
+        if isinstance(prompt, str):
+            ids = list(engine.tokenizer.encode(prompt, add_special_tokens=True))
+            if not ids:
+                raise invalid(param, f"'{param}' tokenizes to no tokens.", code="empty_prompt")
+        else:
+            ids = list(prompt)
+            bad = [t for t in ids if t >= engine.vocab_size]
+            if bad:
+                raise invalid(param, f"Token id {bad[0]} in '{param}' is out of the model's "
+                                     f"vocabulary (size {engine.vocab_size}).")
+        out.append(ids)
+    return out
+
+
+def tokenize_chat(engine: Engine, messages: tuple[ChatMessage, ...]) -> list[int]:
+    """Token ids of the conversation rendered by the tokenizer's chat template."""
+    if not engine.has_chat_template:
+        raise invalid("messages", f"Model {engine.served_model_name!r} has no chat template; "
+                                  "use /v1/completions.", code="no_chat_template")
+    # NOTE: templates rarely know OpenAI's newer "developer" role; it means "system".
+    conversation = [{"role": "system" if m.role == "developer" else m.role,
+                     "content": m.content} for m in messages]
+    try:
+        text = engine.tokenizer.apply_chat_template(conversation, tokenize=False,
+                                                    add_generation_prompt=True)
+    except TemplateError as exc:
+        raise invalid("messages", f"The model's chat template rejected the messages: "
+                                  f"{exc}") from None
+    ids = list(engine.tokenizer.encode(str(text), add_special_tokens=False))
+    if not ids:
+        raise invalid("messages", "The messages render to an empty prompt.", code="empty_prompt")
+    return ids
+
+
+def resolve_max_tokens(options: GenerationOptions, num_prompt_tokens: int, max_model_len: int,
+                       chat: bool) -> int:
+    """The request's max_tokens: explicit, or the endpoint default; 400 past the context."""
+    prompt_param = "messages" if chat else "prompt"
+    room = max_model_len - num_prompt_tokens
+    if room < 1:
+        raise invalid(prompt_param, f"This model's maximum context length is {max_model_len} "
+                                    f"tokens. However, your prompt has {num_prompt_tokens} "
+                                    "tokens, which leaves no room for a completion. Please "
+                                    "shorten it.", code="context_length_exceeded")
+    if options.max_tokens is None:
+        max_tokens = room if chat else min(DEFAULT_COMPLETION_MAX_TOKENS, room)
+    elif options.max_tokens > room:
+        raise invalid("max_tokens", f"This model's maximum context length is {max_model_len} "
+                                    f"tokens. However, you requested "
+                                    f"{num_prompt_tokens + options.max_tokens} tokens "
+                                    f"({num_prompt_tokens} in the {prompt_param}, "
+                                    f"{options.max_tokens} in the completion). Please reduce "
+                                    f"the length of the {prompt_param} or completion.",
+                      code="context_length_exceeded")
+    else:
+        max_tokens = options.max_tokens
+    if options.min_tokens > max_tokens:
+        raise invalid("min_tokens", f"min_tokens ({options.min_tokens}) must not exceed "
+                                    f"max_tokens ({max_tokens}).")
+    return max_tokens

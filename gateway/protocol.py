@@ -1,0 +1,264 @@
+"""OpenAI request bodies for /v1/completions and /v1/chat/completions, validated.
+
+Validation is ours (never FastAPI's 422): a wrong type, a value out of range, a
+missing or empty prompt is a 400 naming the param; a known OpenAI/vLLM field
+this server does not implement (tools, response_format, logit_bias, non-zero
+penalties, n > 1, best_of, echo, suffix, logprobs, guided decoding, ...) is a
+400 with code `unsupported_parameter`; unknown fields are ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from gateway.errors import invalid, unsupported
+from gateway.fields import Fields, is_int, range_error, type_error
+from gateway.tenants import SERVICE_TIERS
+
+CHAT_ROLES = ("system", "developer", "user", "assistant")
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationOptions:
+    """The fields both endpoints share, validated; defaults as OpenAI/vLLM."""
+
+    model: str | None = None  # None: the served model
+    max_tokens: int | None = None  # None: the endpoint's default (16, or the rest of the context)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off (vLLM's -1 is accepted and means off)
+    seed: int | None = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop: tuple[str, ...] = ()  # matched on detokenized text
+    stop_token_ids: tuple[int, ...] = ()  # vLLM extra, added to the EOS ids
+    stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage
+    priority: int | None = None  # vLLM-style: lower runs first
+    service_tier: str | None = None
+    user: str | None = None
+
+
+Prompt = str | tuple[int, ...]  # text, or token ids
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionBody:
+    """A /v1/completions request: one choice per prompt."""
+
+    options: GenerationOptions
+    prompts: tuple[Prompt, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    """One chat message, normalized to plain text."""
+
+    role: str  # one of CHAT_ROLES
+    content: str  # text parts joined with newlines
+
+
+@dataclass(frozen=True, slots=True)
+class ChatBody:
+    """A /v1/chat/completions request."""
+
+    options: GenerationOptions
+    messages: tuple[ChatMessage, ...]
+
+
+def parse_json(raw: bytes) -> dict[str, Any]:
+    """The request body as a JSON object; 400 when it is not one."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise invalid(None, f"We could not parse the JSON body of your request: {exc}. "
+                            "The body must be a JSON object.", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise invalid(None, "The request body must be a JSON object.", code="invalid_json")
+    return body
+
+
+def _null(value: Any) -> bool:
+    return value is None
+
+
+def _falsy(value: Any) -> bool:
+    return not value
+
+
+def _text_format(value: Any) -> bool:
+    return isinstance(value, dict) and value.get("type") == "text"
+
+
+def _no_tool_choice(value: Any) -> bool:
+    return value in ("none", "auto")
+
+
+_UNSUPPORTED_COMMON: dict[str, Callable[[Any], bool]] = {
+    "logit_bias": _falsy, "response_format": _text_format, "use_beam_search": _falsy,
+    "guided_json": _null, "guided_regex": _null, "guided_choice": _null,
+    "guided_grammar": _null, "structured_outputs": _null, "prompt_logprobs": _null,
+}
+_UNSUPPORTED_COMPLETION: dict[str, Callable[[Any], bool]] = {
+    "echo": _falsy, "suffix": _falsy, "logprobs": _null,
+}
+_UNSUPPORTED_CHAT: dict[str, Callable[[Any], bool]] = {
+    "tools": _falsy, "functions": _falsy, "tool_choice": _no_tool_choice,
+    "function_call": _no_tool_choice, "logprobs": _falsy, "top_logprobs": _falsy,
+    "audio": _null, "modalities": lambda v: v == ["text"], "prediction": _null,
+    "web_search_options": _null, "reasoning_effort": _null,
+}
+
+
+def _reject_defaults_only(fields: Fields) -> None:
+    """Known fields accepted only at their default value: type-checked, then rejected."""
+    if (n := fields.int_("n", 1, minimum=1)) != 1:
+        raise unsupported("n", f"only n=1 is implemented, got {n}")
+    if (best_of := fields.int_("best_of", 1, minimum=1)) != 1:
+        raise unsupported("best_of", f"only best_of=1 is implemented, got {best_of}")
+    for key in ("presence_penalty", "frequency_penalty"):
+        if fields.float_(key, 0.0, minimum=-2.0, maximum=2.0) != 0.0:
+            raise unsupported(key, "only 0 is implemented")
+    if fields.float_("repetition_penalty", 1.0, above=0.0) != 1.0:
+        raise unsupported("repetition_penalty", "only 1 is implemented")
+
+
+def _options(fields: Fields, max_tokens: int | None) -> GenerationOptions:
+    stream = fields.bool_("stream", False)
+    stream_options = fields.obj("stream_options")
+    if stream_options is not None and not stream:
+        raise invalid("stream_options", "'stream_options' is only allowed when 'stream' is true.")
+    top_k = fields.int_("top_k", 0, minimum=-1)
+    return GenerationOptions(
+        model=fields.str_("model"),
+        max_tokens=max_tokens,
+        temperature=fields.float_("temperature", 1.0, minimum=0.0),
+        top_p=fields.float_("top_p", 1.0, maximum=1.0, above=0.0),
+        top_k=max(top_k or 0, 0),
+        seed=fields.int_("seed", None),
+        min_tokens=fields.int_("min_tokens", 0, minimum=0) or 0,
+        ignore_eos=fields.bool_("ignore_eos", False),
+        stop=fields.stop(),
+        stop_token_ids=fields.int_list("stop_token_ids"),
+        stream=stream,
+        include_usage=stream_options.bool_("include_usage", False) if stream_options else False,
+        priority=fields.int_("priority", None),
+        service_tier=fields.str_("service_tier", None, choices=SERVICE_TIERS),
+        user=fields.str_("user"),
+    )
+
+
+def _check_min_tokens(options: GenerationOptions) -> None:
+    if options.max_tokens is not None and options.min_tokens > options.max_tokens:
+        raise range_error("min_tokens", f"<= max_tokens ({options.max_tokens})",
+                          options.min_tokens)
+
+
+def parse_completion(body: dict[str, Any], max_prompts: int) -> CompletionBody:
+    """Validate a /v1/completions body (400 ApiError on any problem)."""
+    fields = Fields(body)
+    _reject_defaults_only(fields)
+    fields.reject_unsupported({**_UNSUPPORTED_COMMON, **_UNSUPPORTED_COMPLETION})
+    options = _options(fields, fields.int_("max_tokens", None, minimum=1))
+    _check_min_tokens(options)
+    return CompletionBody(options, _prompts(body.get("prompt"), max_prompts))
+
+
+def parse_chat(body: dict[str, Any]) -> ChatBody:
+    """Validate a /v1/chat/completions body (400 ApiError on any problem)."""
+    fields = Fields(body)
+    _reject_defaults_only(fields)
+    fields.reject_unsupported({**_UNSUPPORTED_COMMON, **_UNSUPPORTED_CHAT})
+    # NOTE: max_completion_tokens supersedes the deprecated max_tokens, as in OpenAI.
+    max_tokens = fields.int_("max_tokens", None, minimum=1)
+    max_tokens = fields.int_("max_completion_tokens", max_tokens, minimum=1)
+    options = _options(fields, max_tokens)
+    _check_min_tokens(options)
+    return ChatBody(options, _messages(body.get("messages")))
+
+
+def _token_ids(value: list[Any], param: str) -> tuple[int, ...]:
+    if not value:
+        raise invalid(param, f"'{param}' must not be empty.", code="empty_prompt")
+    if not all(is_int(v) and v >= 0 for v in value):
+        raise type_error(param, "an array of non-negative integer token ids", value)
+    return tuple(value)
+
+
+def _prompts(value: Any, max_prompts: int) -> tuple[Prompt, ...]:
+    if value is None:
+        raise invalid("prompt", "'prompt' is required.", code="missing_required_parameter")
+    if isinstance(value, str):
+        value = [value]
+    elif isinstance(value, list) and value and all(is_int(v) for v in value):
+        return (_token_ids(value, "prompt"),)
+    if isinstance(value, list) and not value:
+        raise invalid("prompt", "'prompt' must not be empty.", code="empty_prompt")
+    if not isinstance(value, list) or any(is_int(v) for v in value):
+        raise type_error("prompt", "a string, an array of strings, an array of token ids or "
+                                   "an array of token id arrays", value)
+    if len(value) > max_prompts:
+        raise invalid("prompt", f"At most {max_prompts} prompts per request, got {len(value)}.")
+    prompts: list[Prompt] = []
+    for i, item in enumerate(value):
+        param = f"prompt[{i}]" if len(value) > 1 else "prompt"
+        if isinstance(item, str):
+            if not item:
+                raise invalid(param, f"'{param}' must not be empty.", code="empty_prompt")
+            prompts.append(item)
+        elif isinstance(item, list):
+            prompts.append(_token_ids(item, param))
+        else:
+            raise type_error(param, "a string or an array of token ids", item)
+    return tuple(prompts)
+
+
+def _messages(value: Any) -> tuple[ChatMessage, ...]:
+    if value is None:
+        raise invalid("messages", "'messages' is required.", code="missing_required_parameter")
+    if not isinstance(value, list):
+        raise type_error("messages", "an array of messages", value)
+    if not value:
+        raise invalid("messages", "'messages' must contain at least one message.",
+                      code="empty_array")
+    return tuple(_message(m, f"messages[{i}]") for i, m in enumerate(value))
+
+
+def _message(value: Any, param: str) -> ChatMessage:
+    if not isinstance(value, dict):
+        raise type_error(param, "an object", value)
+    role = value.get("role")
+    if role in ("tool", "function"):
+        raise unsupported(f"{param}.role", f"'{role}' messages need tool calling")
+    if not isinstance(role, str):
+        raise type_error(f"{param}.role", "a string", role)
+    if role not in CHAT_ROLES:
+        raise range_error(f"{param}.role", f"in {', '.join(CHAT_ROLES)}", role)
+    if value.get("tool_calls"):
+        raise unsupported(f"{param}.tool_calls")
+    content = value.get("content")
+    if content is None and role == "assistant":
+        content = ""
+    return ChatMessage(role, _content(content, f"{param}.content"))
+
+
+def _content(value: Any, param: str) -> str:
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise type_error(param, "a string or an array of content parts", value)
+    texts = []
+    for j, part in enumerate(value):
+        if not isinstance(part, dict):
+            raise type_error(f"{param}[{j}]", "an object", part)
+        if part.get("type") != "text":
+            raise unsupported(f"{param}[{j}].type", "only text content parts are implemented")
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise type_error(f"{param}[{j}].text", "a string", text)
+        texts.append(text)
+    return "\n".join(texts)

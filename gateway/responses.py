@@ -1,0 +1,85 @@
+"""The JSON shapes of OpenAI completion and chat responses and their stream chunks."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.responses import Response
+
+from gateway.errors import json_bytes
+from gateway.generation import Delta
+
+
+class OrjsonResponse(Response):
+    """A JSON response serialized with orjson."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return json_bytes(content)
+
+
+def json_response(content: Any, status_code: int = 200,
+                  headers: Mapping[str, str] | None = None) -> OrjsonResponse:
+    return OrjsonResponse(content, status_code=status_code, headers=headers)
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseFormat:
+    """How one request's responses look: `text_completion` or `chat.completion` objects."""
+
+    chat: bool
+    id: str  # cmpl-... or chatcmpl-...
+    created: int  # unix s
+    model: str
+    include_usage: bool = False  # stream_options.include_usage: `usage` on every chunk
+
+    def _base(self, obj: str) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def response(self, texts: list[str], finishes: list[str | None],
+                 used: dict[str, int]) -> dict[str, Any]:
+        """The non-streaming response, one choice per text."""
+        if self.chat:
+            choices = [{"index": i, "message": {"role": "assistant", "content": text},
+                        "logprobs": None, "finish_reason": finish}
+                       for i, (text, finish) in enumerate(zip(texts, finishes, strict=True))]
+            return {**self._base("chat.completion"), "choices": choices, "usage": used}
+        choices = [{"index": i, "text": text, "logprobs": None, "finish_reason": finish}
+                   for i, (text, finish) in enumerate(zip(texts, finishes, strict=True))]
+        return {**self._base("text_completion"), "choices": choices, "usage": used}
+
+    def role_chunk(self, index: int) -> dict[str, Any]:
+        """Chat streams open each choice with the assistant role."""
+        choice = {"index": index, "delta": {"role": "assistant", "content": ""},
+                  "logprobs": None, "finish_reason": None}
+        return self._chunk(choice)
+
+    def chunk(self, delta: Delta) -> dict[str, Any]:
+        if self.chat:
+            body = {"content": delta.text} if delta.text else {}
+            choice = {"index": delta.index, "delta": body, "logprobs": None,
+                      "finish_reason": delta.finish_reason}
+        else:
+            choice = {"index": delta.index, "text": delta.text, "logprobs": None,
+                      "finish_reason": delta.finish_reason}
+        return self._chunk(choice)
+
+    def usage_chunk(self, used: dict[str, int]) -> dict[str, Any]:
+        """The last chunk when include_usage is set: no choices, the request's usage."""
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        return {**self._base(obj), "choices": [], "usage": used}
+
+    def _chunk(self, choice: dict[str, Any]) -> dict[str, Any]:
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        out = {**self._base(obj), "choices": [choice]}
+        if self.include_usage:
+            out["usage"] = None
+        return out

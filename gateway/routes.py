@@ -1,0 +1,104 @@
+"""The HTTP endpoints. Handlers are thin: auth, parse, tokenize, then `completions.generate`."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Request
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.responses import Response
+
+from gateway.completions import generate
+from gateway.engine import Engine
+from gateway.errors import ApiError, clip, invalid
+from gateway.fields import is_number
+from gateway.prompts import tokenize_chat, tokenize_completion
+from gateway.protocol import parse_chat, parse_completion, parse_json
+from gateway.responses import json_response
+from gateway.state import state_of
+from gateway.tenants import authenticate, authorize_admin, bearer_key
+
+router = APIRouter()
+
+
+def _check_model(engine: Engine, model: str | None) -> None:
+    if not engine.serves(model):
+        raise ApiError(404, f"The model {clip(model)} does not exist; this server serves "
+                            f"{engine.served_model_name!r}.", param="model",
+                       code="model_not_found")
+
+
+@router.post("/v1/completions")
+async def create_completion(request: Request) -> Response:
+    state = state_of(request)
+    tenant = authenticate(state.config.tenants, request.headers.get("authorization"))
+    body = parse_completion(parse_json(await request.body()),
+                            state.config.server.max_prompts_per_request)
+    _check_model(state.engine, body.options.model)
+    prompts = tokenize_completion(state.engine, body.prompts)
+    return await generate(request, tenant, body.options, prompts, chat=False)
+
+
+@router.post("/v1/chat/completions")
+async def create_chat_completion(request: Request) -> Response:
+    state = state_of(request)
+    tenant = authenticate(state.config.tenants, request.headers.get("authorization"))
+    body = parse_chat(parse_json(await request.body()))
+    _check_model(state.engine, body.options.model)
+    prompt = tokenize_chat(state.engine, body.messages)
+    return await generate(request, tenant, body.options, [prompt], chat=True)
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> Response:
+    state = state_of(request)
+    tenants = state.config.tenants
+    authorization = request.headers.get("authorization")
+    key = bearer_key(authorization)
+    if key is None or not tenants.is_admin(key):  # admins may list models too
+        authenticate(tenants, authorization)
+    engine = state.engine
+    model = {"id": engine.served_model_name, "object": "model", "created": engine.created,
+             "owned_by": "slicegate", "max_model_len": engine.max_model_len}
+    return json_response({"object": "list", "data": [model]})
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    state = state_of(request)
+    if state.lifecycle.draining:
+        return json_response({"status": "draining"}, status_code=503)
+    if not state.engine.scheduler.stats().healthy:
+        return json_response({"status": "unhealthy", "detail": "an executor died"},
+                             status_code=503)
+    return json_response({"status": "ok"})
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    state = state_of(request)
+    body = state.metrics.render(state.engine.scheduler.stats())
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/admin/gmg")
+async def admin_gmg(request: Request) -> Response:
+    state = state_of(request)
+    authorize_admin(state.config.tenants, request.headers.get("authorization"))
+    return json_response({"now": time.monotonic(), **state.engine.scheduler.snapshot()})
+
+
+@router.get("/admin/timeline")
+async def admin_timeline(request: Request) -> Response:
+    """Op executions since monotonic time `since` (default: all kept); `now` for the next poll."""
+    state = state_of(request)
+    authorize_admin(state.config.tenants, request.headers.get("authorization"))
+    raw = request.query_params.get("since", "0")
+    try:
+        since = float(raw)
+    except ValueError:
+        since = float("nan")
+    if not is_number(since):
+        raise invalid("since", f"'since' must be a number of seconds, got {clip(raw)}.")
+    events = state.engine.scheduler.timeline(since)
+    return json_response({"now": time.monotonic(), "since": since, "events": events})

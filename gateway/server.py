@@ -1,0 +1,91 @@
+"""`serve`: run the gateway under uvicorn, with a graceful SIGTERM drain that exits 0.
+
+On the first SIGTERM (or SIGINT) the app starts draining: new API requests
+get 503 and /health turns 503 while the listener stays open, and in-flight
+requests (streams included) run to completion. Once none is left, or after
+`drain_timeout_s`, uvicorn shuts down as usual (requests still running are
+cancelled, which aborts them in the scheduler) and `serve` returns. A second
+signal shuts down at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+import time
+from collections.abc import Generator
+from types import FrameType
+
+import uvicorn
+
+from gateway.app import create_app
+from gateway.config import GatewayConfig
+from gateway.engine import Engine
+from gateway.lifecycle import Lifecycle
+from gateway.state import AppState
+
+logger = logging.getLogger("gateway")
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_CANCEL_GRACE_S = 2  # after the drain: how long uvicorn waits before cancelling requests
+
+
+class GatewayServer(uvicorn.Server):
+    """uvicorn.Server whose first exit signal drains the app before shutting down."""
+
+    def __init__(self, config: uvicorn.Config, lifecycle: Lifecycle,
+                 drain_timeout_s: float) -> None:
+        super().__init__(config)
+        self.lifecycle = lifecycle
+        self.drain_timeout_s = drain_timeout_s
+        self._drain_logged = False
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.lifecycle.draining:  # a second signal: shut down now
+            super().handle_exit(sig, frame)
+        else:
+            self.lifecycle.begin_drain()
+
+    async def on_tick(self, counter: int) -> bool:
+        started = self.lifecycle.drain_started
+        if started is not None and not self.should_exit:
+            if not self._drain_logged:  # NOTE: not in handle_exit: no logging in signal handlers
+                self._drain_logged = True
+                logger.info("draining: %d request(s) in flight, up to %.0f s",
+                            self.lifecycle.in_flight, self.drain_timeout_s)
+            if self.lifecycle.idle or time.monotonic() - started >= self.drain_timeout_s:
+                self.should_exit = True
+        return await super().on_tick(counter)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        # NOTE: uvicorn re-raises a captured SIGTERM after shutdown (exit status 143);
+        # a drained gateway exits 0 instead, so this version only installs and restores.
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in _SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
+
+
+def make_server(config: GatewayConfig, engine: Engine | None = None) -> GatewayServer:
+    """A GatewayServer for `create_app(config, engine)` (not yet running)."""
+    app = create_app(config, engine)
+    state: AppState = app.state.gateway
+    uv_config = uvicorn.Config(app, host=config.server.host, port=config.server.port,
+                               log_level=config.server.log_level, lifespan="on",
+                               timeout_graceful_shutdown=_CANCEL_GRACE_S)
+    return GatewayServer(uv_config, state.lifecycle, config.server.drain_timeout_s)
+
+
+def serve(config: GatewayConfig, engine: Engine | None = None) -> int:
+    """Run the gateway until a signal has drained it; the process exit status (0 = clean)."""
+    server = make_server(config, engine)
+    server.run()
+    return 0 if server.started else 1

@@ -1,0 +1,263 @@
+"""Tenants: API keys -> name, priority class, TTFT SLO and quotas; auth; priority lowering.
+
+The tenants file (YAML)::
+
+    admin_keys: [sk-admin-1]
+    tenants:
+      - name: ide
+        api_keys: [sk-ide-1]
+        priority: high          # high | normal | low (default normal)
+        ttft_slo_ms: 500        # omitted: best effort
+        max_concurrency: 64     # omitted limits mean unlimited
+        requests_per_minute: 600
+        tokens_per_minute: 200000
+
+Without a tenants file auth is off and every request belongs to one default
+tenant (class `high`, so that a request can still choose any class by lowering).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+import yaml
+
+from executors.types import Priority
+from gateway.errors import ApiError, clip, invalid
+from gateway.yamlmarks import LineDict, LineList, line_of, load_with_lines
+
+SERVICE_TIERS = ("auto", "default", "flex", "priority")
+_TENANT_FIELDS = ("name", "api_keys", "priority", "ttft_slo_ms", "max_concurrency",
+                  "requests_per_minute", "tokens_per_minute")
+_LIMIT_FIELDS = ("max_concurrency", "requests_per_minute", "tokens_per_minute")
+
+
+@dataclass(frozen=True, slots=True)
+class Tenant:
+    """One tenant. Limits of None mean unlimited."""
+
+    name: str
+    api_keys: tuple[str, ...] = ()
+    priority: Priority = Priority.NORMAL
+    ttft_slo_ms: float | None = None
+    max_concurrency: int | None = None
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+
+    @property
+    def ttft_slo_s(self) -> float | None:
+        return None if self.ttft_slo_ms is None else self.ttft_slo_ms / 1000.0
+
+
+@dataclass(frozen=True, slots=True)
+class TenantsConfig:
+    """All tenants and admin keys. No tenants and no admin keys means auth is off."""
+
+    tenants: tuple[Tenant, ...] = ()
+    admin_keys: tuple[str, ...] = ()
+    default_priority: Priority = Priority.HIGH  # class of the tenant used when auth is off
+    _by_key: dict[str, Tenant] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        names = [t.name for t in self.tenants]
+        if len(set(names)) != len(names):
+            raise ValueError("tenant names must be unique")
+        by_key: dict[str, Tenant] = {}
+        for tenant in self.tenants:
+            for key in tenant.api_keys:
+                if key in by_key or key in self.admin_keys:
+                    raise ValueError(f"API key {key[:6]}... is used twice")
+                by_key[key] = tenant
+        object.__setattr__(self, "_by_key", by_key)
+
+    @property
+    def auth_enabled(self) -> bool:
+        return bool(self.tenants or self.admin_keys)
+
+    @property
+    def default_tenant(self) -> Tenant:
+        return Tenant("default", priority=self.default_priority)
+
+    def tenant_for(self, key: str) -> Tenant | None:
+        return self._by_key.get(key)
+
+    def is_admin(self, key: str) -> bool:
+        return key in self.admin_keys
+
+
+# ---- authentication ------------------------------------------------------------------------
+
+
+def bearer_key(authorization: str | None) -> str | None:
+    """The key of an `Authorization: Bearer KEY` header, or None."""
+    if not authorization:
+        return None
+    scheme, _, key = authorization.strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return key.strip() or None
+
+
+def authenticate(tenants: TenantsConfig, authorization: str | None) -> Tenant:
+    """The tenant a request belongs to; 401 on a missing or unknown key."""
+    if not tenants.auth_enabled:
+        return tenants.default_tenant
+    key = bearer_key(authorization)
+    if key is None:
+        raise ApiError(401, "Missing API key: send 'Authorization: Bearer YOUR_KEY'.",
+                       code="invalid_api_key")
+    tenant = tenants.tenant_for(key)
+    if tenant is None:
+        raise ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
+    return tenant
+
+
+def authorize_admin(tenants: TenantsConfig, authorization: str | None) -> None:
+    """Admin endpoints: 401 without a known key, 403 with a tenant's key."""
+    if not tenants.auth_enabled:
+        return
+    key = bearer_key(authorization)
+    if key is not None and tenants.is_admin(key):
+        return
+    if key is not None and tenants.tenant_for(key) is not None:
+        raise ApiError(403, "This endpoint needs an admin key.", code="admin_key_required")
+    raise ApiError(401, "Missing or incorrect admin key.", code="invalid_api_key")
+
+
+# ---- priority ------------------------------------------------------------------------------
+
+
+def priority_from_vllm(value: int) -> Priority:
+    """vLLM's request `priority` (lower runs first): <= 0 high, 1 normal, >= 2 low."""
+    return Priority.HIGH if value <= 0 else Priority.NORMAL if value == 1 else Priority.LOW
+
+
+def effective_priority(tenant: Priority, header: str | None = None,
+                       body_priority: int | None = None,
+                       service_tier: str | None = None) -> Priority:
+    """The tenant's class, lowered (never raised) by `X-Priority`, `priority`, `service_tier`."""
+    requested = [tenant]
+    if header is not None:
+        try:
+            requested.append(Priority.parse(header))
+        except ValueError:
+            raise invalid(None, f"Invalid X-Priority header {clip(header)}: use high, normal "
+                                "or low.") from None
+    if body_priority is not None:
+        requested.append(priority_from_vllm(body_priority))
+    if service_tier == "priority":
+        requested.append(Priority.HIGH)
+    elif service_tier == "flex":
+        requested.append(Priority.LOW)
+    return max(requested)  # NOTE: a larger value is a lower class, so max() only lowers.
+
+
+# ---- the tenants file ----------------------------------------------------------------------
+
+
+class TenantsFileError(ValueError):
+    """An invalid tenants file; the message names the file, line and field."""
+
+
+def load_tenants(path: str | Path) -> TenantsConfig:
+    """Read and validate a tenants file (raises TenantsFileError)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise TenantsFileError(f"{path}: cannot read the tenants file: {exc}") from None
+    return parse_tenants(text, str(path))
+
+
+def parse_tenants(text: str, source: str = "<tenants>") -> TenantsConfig:
+    """Validate the YAML text of a tenants file (raises TenantsFileError)."""
+    try:
+        doc = load_with_lines(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else 1
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise TenantsFileError(f"{source}:{line}: invalid YAML: {problem}") from None
+    reader = _Reader(source)
+    if not isinstance(doc, LineDict):
+        raise TenantsFileError(f"{source}:1: expected a mapping with 'tenants' and "
+                               "'admin_keys'")
+    reader.no_unknown(doc, ("tenants", "admin_keys"), "")
+    admin_keys = reader.keys(doc, "admin_keys", "admin_keys", required=False)
+    raw = doc.get("tenants") or LineList()
+    if not isinstance(raw, list):
+        reader.fail(doc, "tenants", "tenants", "must be a list of tenants")
+    tenants = [reader.tenant(raw, i) for i in range(len(raw))]
+    reader.check_unique(raw, tenants, admin_keys)
+    return TenantsConfig(tuple(tenants), admin_keys)
+
+
+class _Reader:
+    """Field-by-field validation of a parsed tenants file, failing with file:line: field."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, container: Any, key: Any, path: str, problem: str) -> NoReturn:
+        line = line_of(container, key) or 1
+        raise TenantsFileError(f"{self.source}:{line}: {path}: {problem}")
+
+    def no_unknown(self, item: dict[str, Any], allowed: tuple[str, ...], prefix: str) -> None:
+        for key in item:
+            if key not in allowed:
+                self.fail(item, key, f"{prefix}{key}",
+                          f"unknown field; expected one of {', '.join(allowed)}")
+
+    def keys(self, item: dict[str, Any], key: str, path: str, required: bool) -> tuple[str, ...]:
+        value = item.get(key)
+        if value is None and not required:
+            return ()
+        if (not isinstance(value, list) or not value
+                or not all(isinstance(k, str) and k.strip() for k in value)):
+            self.fail(item, key, path, "must be a non-empty list of non-empty strings")
+        return tuple(k.strip() for k in value)
+
+    def tenant(self, raw: list[Any], index: int) -> Tenant:
+        item, path = raw[index], f"tenants[{index}]"
+        if not isinstance(item, dict):
+            self.fail(raw, index, path, "must be a mapping with name, api_keys, priority, ...")
+        self.no_unknown(item, _TENANT_FIELDS, f"{path}.")
+        name = item.get("name")
+        if not isinstance(name, str) or not name.strip():
+            self.fail(item, "name", f"{path}.name", "required, a non-empty string")
+        priority = Priority.NORMAL
+        if "priority" in item:
+            try:
+                priority = Priority.parse(str(item["priority"]))
+            except ValueError:
+                self.fail(item, "priority", f"{path}.priority",
+                          f"unknown priority {item['priority']!r}; use high, normal or low")
+        limits = {k: self.positive(item, k, f"{path}.{k}", integer=True) for k in _LIMIT_FIELDS}
+        slo = self.positive(item, "ttft_slo_ms", f"{path}.ttft_slo_ms", integer=False)
+        keys = self.keys(item, "api_keys", f"{path}.api_keys", required=True)
+        return Tenant(str(name).strip(), keys, priority, slo, **limits)
+
+    def positive(self, item: dict[str, Any], key: str, path: str, integer: bool) -> Any:
+        value: Any = item.get(key)
+        if value is None:
+            return None
+        numeric = isinstance(value, int) or (isinstance(value, float) and not integer)
+        if isinstance(value, bool) or not numeric or value <= 0:
+            kind = "integer" if integer else "number"
+            self.fail(item, key, path, f"must be a positive {kind}, got {value!r}")
+        return value
+
+    def check_unique(self, raw: list[Any], tenants: list[Tenant],
+                     admin_keys: tuple[str, ...]) -> None:
+        seen_names: set[str] = set()
+        seen_keys = set(admin_keys)
+        for i, tenant in enumerate(tenants):
+            if tenant.name in seen_names:
+                self.fail(raw[i], "name", f"tenants[{i}].name", f"duplicate name {tenant.name!r}")
+            seen_names.add(tenant.name)
+            for key in tenant.api_keys:
+                if key in seen_keys:
+                    self.fail(raw[i], "api_keys", f"tenants[{i}].api_keys",
+                              "an API key is used twice (by another tenant or as admin key)")
+                seen_keys.add(key)

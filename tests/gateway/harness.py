@@ -1,0 +1,143 @@
+"""Gateway test helpers: the app over a FakeScheduler and the tiny model's tokenizer.
+
+`Harness` runs `create_app` with its lifespan, behind `httpx.ASGITransport`;
+`LiveServer` runs the real uvicorn server on a loopback port in a thread, for
+the official-client and disconnect tests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any
+
+import httpx
+import orjson
+from transformers import PreTrainedTokenizerBase
+
+from gateway.app import create_app
+from gateway.config import GatewayConfig, SchedulerSettings, ServerSettings
+from gateway.engine import Engine, eos_ids
+from gateway.server import make_server
+from gateway.tenants import TenantsConfig, parse_tenants
+from scheduler.fake import FakeConfig, FakeScheduler
+
+MAX_MODEL_LEN = 256
+MODEL = "tiny"
+
+TENANTS_YAML = """\
+admin_keys: [sk-admin-1]
+tenants:
+  - name: ide
+    api_keys: [sk-ide-1]
+    priority: high
+    ttft_slo_ms: 500
+  - name: chat
+    api_keys: [sk-chat-1]
+    priority: normal
+  - name: nightly
+    api_keys: [sk-nightly-1]
+    priority: low
+"""
+
+
+def make_config(tenants: TenantsConfig | None = None, **server: Any) -> GatewayConfig:
+    return GatewayConfig(scheduler=SchedulerSettings(devices=("cpu:0",)),
+                         server=ServerSettings(**server),
+                         tenants=tenants or TenantsConfig())
+
+
+def auth_config(**server: Any) -> GatewayConfig:
+    return make_config(parse_tenants(TENANTS_YAML), **server)
+
+
+@dataclasses.dataclass
+class EngineFactory:
+    """Builds an Engine over a fresh FakeScheduler (keyword arguments go to FakeConfig)."""
+
+    tokenizer: PreTrainedTokenizerBase
+    word_ids: tuple[int, ...]
+
+    def __call__(self, **fake: Any) -> Engine:
+        fake.setdefault("token_ids", self.word_ids)
+        fake.setdefault("max_model_len", MAX_MODEL_LEN)
+        scheduler = FakeScheduler(FakeConfig(vocab_size=len(self.tokenizer), **fake))
+        return Engine(self.tokenizer, scheduler, MODEL, MAX_MODEL_LEN, len(self.tokenizer),
+                      eos_ids(self.tokenizer))
+
+
+@dataclasses.dataclass
+class Harness:
+    """A running app: its HTTP client, its fake scheduler and the app itself."""
+
+    client: httpx.AsyncClient
+    engine: Engine
+    app: Any
+
+    @property
+    def fake(self) -> FakeScheduler:
+        assert isinstance(self.engine.scheduler, FakeScheduler)
+        return self.engine.scheduler
+
+
+@asynccontextmanager
+async def running(config: GatewayConfig, engine: Engine,
+                  raise_app_exceptions: bool = True) -> AsyncIterator[Harness]:
+    app = create_app(config, engine)
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=raise_app_exceptions)
+    async with (app.router.lifespan_context(app),
+                httpx.AsyncClient(transport=transport, base_url="http://gateway") as client):
+        yield Harness(client, engine, app)
+
+
+
+def sse_events(body: str) -> list[Any]:
+    """The `data:` payloads of an SSE body; `[DONE]` stays a string."""
+    out: list[Any] = []
+    for block in body.split("\n\n"):
+        if block.startswith("data: "):
+            data = block[len("data: "):]
+            out.append(data if data == "[DONE]" else orjson.loads(data))
+    return out
+
+
+class LiveServer:
+    """The real uvicorn server for an app, on a free loopback port, in a thread."""
+
+    def __init__(self, config: GatewayConfig, engine: Engine) -> None:
+        config = dataclasses.replace(config, server=dataclasses.replace(
+            config.server, port=0, log_level="warning"))
+        self.engine = engine
+        self.server = make_server(config, engine)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def fake(self) -> FakeScheduler:
+        assert isinstance(self.engine.scheduler, FakeScheduler)
+        return self.engine.scheduler
+
+    @property
+    def url(self) -> str:
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}"
+
+    def __enter__(self) -> LiveServer:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline and self.thread.is_alive(), "server did not start"
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+@contextmanager
+def live_server(config: GatewayConfig, engine: Engine) -> Iterator[LiveServer]:
+    with LiveServer(config, engine) as server:
+        yield server

@@ -1,0 +1,81 @@
+"""GatewayConfig: defaults, YAML/TOML files, CLI overrides, validation, the CLI's exits."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from gateway.__main__ import build_parser, config_from_args, main
+from gateway.config import ConfigError, GatewayConfig, ServerSettings, load_config
+from tests.gateway.harness import TENANTS_YAML
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+async def test_defaults() -> None:
+    config = GatewayConfig()
+    assert config.model.spec == "default" and config.served_model_name == "default"
+    assert config.scheduler.devices == ("cpu:0", "cpu:1")  # no GPU on the test machine
+    assert (config.server.host, config.server.port) == ("127.0.0.1", 8000)
+    assert not config.tenants.auth_enabled
+
+
+async def test_yaml_file_then_cli_overrides(tmp_path: Path) -> None:
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text(TENANTS_YAML)
+    path = tmp_path / "gateway.yaml"
+    path.write_text(f"model: {{spec: tiny-random, max_model_len: 512}}\n"
+                    f"scheduler: {{devices: 'cpu:0,cpu:1,cpu:2', policy: fcfs}}\n"
+                    f"server: {{port: 9000, drain_timeout_s: 5}}\n"
+                    f"tenants_file: {tenants}\n")
+    args = build_parser().parse_args(["serve", "--config", str(path), "--port", "9100",
+                                      "--devices", "cpu:3", "--served-model-name", "m"])
+    config = config_from_args(args)
+    assert config.model.spec == "tiny-random" and config.model.max_model_len == 512
+    assert config.served_model_name == "m"
+    assert config.scheduler.devices == ("cpu:3",) and config.scheduler.policy == "fcfs"
+    assert config.server.port == 9100 and config.server.drain_timeout_s == 5
+    assert config.tenants.tenant_for("sk-ide-1") is not None
+
+
+async def test_toml_file(tmp_path: Path) -> None:
+    path = tmp_path / "gateway.toml"
+    path.write_text('[model]\nspec = "x"\ndtype = "float32"\n[scheduler]\ndevices = ["cpu:0"]\n')
+    config = load_config(path)
+    assert config.model.dtype == "float32" and config.scheduler.devices == ("cpu:0",)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("modle: {}\n", "unknown config key"),
+    ("model: {sepc: x}\n", "model: unknown key"),
+    ("model: {dtype: int8}\n", "model.dtype"),
+    ("scheduler: {devices: 'gpu:0'}\n", "scheduler.devices"),
+    ("scheduler: {devices: 'cpu:0,cpu:0'}\n", "twice"),
+    ("scheduler: {policy: random}\n", "scheduler.policy"),
+    ("server: {port: 70000}\n", "server.port"),
+    ("server: {drain_timeout_s: 0}\n", "server.drain_timeout_s"),
+    ("model: 5\n", "model: expected a mapping"),
+])
+async def test_invalid(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_config(path)
+
+
+async def test_server_settings_validate() -> None:
+    with pytest.raises(ConfigError, match="request_timeout_s"):
+        ServerSettings(request_timeout_s=-1)
+
+
+async def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(logging, "basicConfig", lambda **kwargs: None)
+    bad = tmp_path / "tenants.yaml"
+    bad.write_text("tenants:\n  - name: x\n    api_keys: [k]\n    priority: urgent\n")
+    assert main(["serve", "--tenants", str(bad)]) == 2
+    assert f"{bad}:4: tenants[0].priority" in capsys.readouterr().err
+    assert main(["serve", "--model", "no/such-model", "--port", "0"]) == 1
+    assert "no/such-model" in capsys.readouterr().err

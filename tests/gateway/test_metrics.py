@@ -1,0 +1,41 @@
+"""GET /metrics: vLLM's names and slicegate's own, labelled by tenant and priority class."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.gateway.harness import EngineFactory, auth_config, running
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+NAMES = (
+    "vllm:time_to_first_token_seconds", "vllm:time_per_output_token_seconds",
+    "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
+    "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+    "vllm:num_preemptions_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+    "slicegate_slo_attainment", "slicegate_device_busy_ratio", "slicegate_simulation_seconds",
+    "slicegate_estimator_mape", "slicegate_tenant_ttft_slo_seconds",
+)
+
+
+async def test_names_and_labels(make_engine: EngineFactory) -> None:
+    async with running(auth_config(), make_engine()) as h:
+        for key, tier in (("sk-ide-1", None), ("sk-ide-1", "flex"), ("sk-nightly-1", None)):
+            response = await h.client.post(
+                "/v1/completions", json={"prompt": "hello", "max_tokens": 3, "service_tier": tier},
+                headers={"authorization": f"Bearer {key}"})
+            assert response.status_code == 200
+        response = await h.client.get("/metrics")
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/plain")
+        text = response.text
+        for name in NAMES:
+            assert f"# TYPE {name} " in text, name
+        labels = 'model_name="tiny",priority="{}",tenant="{}"'
+        assert f"vllm:generation_tokens_total{{{labels.format('high', 'ide')}}} 3.0" in text
+        assert f"vllm:generation_tokens_total{{{labels.format('low', 'ide')}}} 3.0" in text
+        assert f"vllm:generation_tokens_total{{{labels.format('low', 'nightly')}}} 3.0" in text
+        assert 'slicegate_tenant_ttft_slo_seconds{priority="high",tenant="ide"} 0.5' in text
+        assert 'slicegate_device_busy_ratio{device="cpu:0"}' in text
+        assert 'vllm:request_success_total{finished_reason="length"' in text
+        assert 'slicegate_slo_attainment{priority="high"} 1.0' in text
