@@ -8,6 +8,7 @@ from executors.types import Device
 from models.loader import Model
 from scheduler.config import SchedulerConfig
 from scheduler.estimators import Estimators
+from scheduler.execution import ExecutorFactory
 from scheduler.profiling import load_or_profile
 from scheduler.scheduler import Scheduler
 
@@ -30,8 +31,9 @@ def parse_devices(spec: str | list[str] | None, memory_gib: float) -> list[Devic
 
 
 def build_scheduler(model: Model, devices: list[Device], cfg: SchedulerConfig,
-                    estimators: Estimators | None = None) -> Scheduler:
+                    estimators: Estimators | None = None,
+                    executor_factory: ExecutorFactory | None = None) -> Scheduler:
     """Profile (or load cached) estimators, then make the scheduler; refits stay online."""
     est = estimators or load_or_profile(model, devices)
     return Scheduler(model, devices, cfg.policy, est.op_time, est.transfer_time, cfg,
-                     estimator=est)
+                     executor_factory=executor_factory, estimator=est)

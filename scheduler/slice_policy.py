@@ -11,6 +11,7 @@ of that batch. OOM candidates are discarded, never tried.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from executors.types import Priority
@@ -24,14 +25,33 @@ from scheduler.batching import (
     single,
     split,
 )
+from scheduler.gmg import Snapshot
 from scheduler.plan import Plan, to_candidate
 from scheduler.policy import preempt_for
-from scheduler.simulator import Prediction, simulate
+from scheduler.simulator import Candidate, Prediction, simulate
 from scheduler.state import Placement, RequestState
 
 CHUNK_COUNTS = (2, 4)  # chunked-pipeline candidates
 MIN_PIPELINE_TOKENS = 128  # shorter prompts are not worth a split
 SLACK_S = 1e-4
+
+
+@dataclass(slots=True)
+class Recorder:
+    """Benchmark hook: the simulations of each round and the rounds' decision times."""
+
+    calls: list[tuple[int, object, object]]  # (round, snapshot, candidate)
+    round_s: list[float]
+    round: int = 0
+
+
+RECORDER: Recorder | None = None  # NOTE: set only by `python -m scheduler bench simulator`
+
+
+def _simulate(snap: Snapshot, cand: Candidate | None = None) -> Prediction:
+    if RECORDER is not None:
+        RECORDER.calls.append((RECORDER.round, snap, cand))
+    return simulate(snap, cand)
 
 
 @dataclass(slots=True)
@@ -45,6 +65,13 @@ class SlicePolicy:
     name = "slice"
 
     def run_round(self, ctx: RoundContext) -> None:
+        t0 = time.perf_counter()
+        self._round(ctx)
+        if RECORDER is not None:
+            RECORDER.round_s.append(time.perf_counter() - t0)
+            RECORDER.round += 1
+
+    def _round(self, ctx: RoundContext) -> None:
         for prio in (Priority.HIGH, Priority.NORMAL):
             self._urgent(ctx, prio)
         for plan in decode_plans(ctx.runnable, ctx.cfg, lambda s: s.priority):
@@ -75,7 +102,7 @@ class SlicePolicy:
             if not ctx.kv.can_reserve(devices, kv_tokens(s)):
                 continue
             plan = ctx.builder.build(Plan(s.priority, placement, chunks), tensors=False)
-            pred = simulate(snap, to_candidate(plan, {}))
+            pred = _simulate(snap, to_candidate(plan, {}))
             if pred.oom:
                 continue
             score = pred.first_token.get(s.rid, pred.end)
@@ -176,7 +203,7 @@ class SlicePolicy:
         if not snap.deadlines:
             return True
         built = ctx.builder.build(plan, tensors=False)
-        base, pred = simulate(snap), simulate(snap, to_candidate(built, {}))
+        base, pred = _simulate(snap), _simulate(snap, to_candidate(built, {}))
         if pred.oom:
             return False
         for rid, deadline in snap.deadlines:

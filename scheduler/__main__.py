@@ -1,0 +1,25 @@
+"""`python -m scheduler bench overhead|estimators|simulator|policies [--json FILE]`."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+
+from scheduler import bench_estimators, bench_overhead, bench_policies, bench_simulator
+
+BENCHES: dict[str, Callable[[list[str] | None], object]] = {
+    "overhead": bench_overhead.main, "estimators": bench_estimators.main,
+    "simulator": bench_simulator.main, "policies": bench_policies.main}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    if len(args) < 2 or args[0] != "bench" or args[1] not in BENCHES:
+        sys.exit(f"usage: python -m scheduler bench {{{'|'.join(BENCHES)}}} [--json FILE] ...")
+    BENCHES[args[1]](args[2:])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,252 @@
+"""`python -m scheduler bench policies`: the policies side by side, in process, no HTTP.
+
+A high-priority stream replayed from the Azure code trace (or the shipped
+synthetic trace) plus a closed-loop low-priority batch stream that alone
+saturates the devices. The SLO is the high-priority stream's p90 TTFT when
+replayed alone under `static` (its own share of the devices).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import itertools
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from executors.types import Priority
+from loadgen.traces import TraceRequest, load_trace
+from models.loader import Model, load
+from models.sampling_params import SamplingParams
+from scheduler.config import SchedulerConfig
+from scheduler.estimators import Estimators
+from scheduler.factory import build_scheduler, parse_devices
+from scheduler.ieg import Request
+from scheduler.profiling import load_or_profile
+from scheduler.scheduler import Scheduler
+
+AZURE_CODE = Path(__file__).resolve().parents[2] / "shared" / "traces" / \
+    "AzureLLMInferenceTrace_code.csv.gz"
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """The recipe. Prompt tokens are scaled; output tokens kept, both capped."""
+
+    hp_requests: int = 300
+    rate_scale: float = 0.5  # arrivals slowed to this fraction of the trace's rate
+    prompt_scale: float = 0.25
+    max_prompt: int = 1024
+    max_output: int = 64
+    lp_concurrency: int = 16
+    lp_prompt: int = 512
+    lp_output: int = 64
+    window_start_s: float = 0.0
+
+
+@dataclass(slots=True)
+class Run:
+    hp_ttft_s: list[float] = field(default_factory=list)
+    lp_tokens: int = 0
+    hp_tokens: int = 0
+    wall_s: float = 0.0
+    busy_fraction: float = 0.0
+
+
+def hp_trace(w: Workload) -> list[TraceRequest]:
+    spec = str(AZURE_CODE) if AZURE_CODE.is_file() else "synthetic-coding"
+    reqs = load_trace(spec, window_s=(w.window_start_s, float("inf")), rate_scale=w.rate_scale,
+                      max_requests=w.hp_requests)
+    return [TraceRequest(r.arrival_s, max(1, min(w.max_prompt, round(r.prompt_tokens *
+                                                                      w.prompt_scale))),
+                         max(1, min(w.max_output, r.output_tokens))) for r in reqs]
+
+
+def _prompt(n: int, salt: int, vocab: int) -> list[int]:
+    return [(salt * 7919 + j * 31) % (vocab - 10) + 5 for j in range(n)]
+
+
+async def _one(sched: Scheduler, req: Request, run: Run, hp: bool) -> None:
+    first = True
+    async for ev in sched.submit(req):
+        if ev.token_id is None:
+            continue
+        if first and hp:
+            run.hp_ttft_s.append(ev.time - req.arrival_time)
+        first = False
+        if hp:
+            run.hp_tokens += 1
+        else:
+            run.lp_tokens += 1
+
+
+async def _hp_stream(sched: Scheduler, trace: list[TraceRequest], slo: float | None,
+                     vocab: int, run: Run) -> None:
+    t0, tasks = time.monotonic(), []
+    for i, r in enumerate(trace):
+        await asyncio.sleep(max(0.0, t0 + r.arrival_s - time.monotonic()))
+        p = SamplingParams(temperature=0, max_tokens=r.output_tokens,
+                           min_tokens=r.output_tokens)
+        req = Request(f"hp{i}", "interactive", Priority.HIGH, _prompt(r.prompt_tokens, i, vocab),
+                      p, ttft_slo_s=slo)
+        tasks.append(asyncio.create_task(_one(sched, req, run, True)))
+    await asyncio.gather(*tasks)
+
+
+async def _lp_stream(sched: Scheduler, w: Workload, vocab: int, run: Run,
+                     stop: asyncio.Event) -> None:
+    ids = itertools.count()
+
+    async def worker() -> None:
+        while not stop.is_set():
+            i = next(ids)
+            p = SamplingParams(temperature=0, max_tokens=w.lp_output, min_tokens=w.lp_output)
+            req = Request(f"lp{i}", "batch", Priority.LOW, _prompt(w.lp_prompt, 10**6 + i, vocab),
+                          p)
+            await _one(sched, req, run, False)
+    await asyncio.gather(*[worker() for _ in range(w.lp_concurrency)])
+
+
+def run_policy(model: Model, est: Estimators, policy: str, w: Workload, devices: str,
+               mem_gib: float, slo: float | None, with_lp: bool) -> Run:
+    """One run in a fresh event loop; the scheduler's KV pools are freed before returning."""
+    run = asyncio.run(_run_policy(model, est, policy, w, devices, mem_gib, slo, with_lp))
+    gc.collect()  # NOTE: the scheduler and its executors reference each other
+    return run
+
+
+async def _run_policy(model: Model, est: Estimators, policy: str, w: Workload, devices: str,
+                      mem_gib: float, slo: float | None, with_lp: bool) -> Run:
+    cfg = SchedulerConfig(policy=policy, max_model_len=2048)
+    sched = build_scheduler(model, parse_devices(devices, mem_gib), cfg, est)
+    await sched.start()
+    run, stop = Run(), asyncio.Event()
+    t0 = time.monotonic()
+    lp = asyncio.create_task(_lp_stream(sched, w, model.config.vocab_size, run, stop)) \
+        if with_lp else None
+    await _hp_stream(sched, hp_trace(w), slo, model.config.vocab_size, run)
+    run.wall_s = time.monotonic() - t0
+    counted = (run.lp_tokens, run.hp_tokens)  # NOTE: throughput up to the stream's end
+    busy = sum(sched.exec.busy_s(d) for d in sched.devices)
+    run.busy_fraction = busy / (run.wall_s * len(sched.devices))
+    stop.set()
+    await sched.stop(drain=False, timeout_s=5)
+    if lp is not None:
+        lp.cancel()
+    run.lp_tokens, run.hp_tokens = counted
+    return run
+
+
+def _pct(xs: list[float], q: int) -> float:
+    if len(xs) < 2:
+        return xs[0] if xs else float("nan")
+    return statistics.quantiles(xs, n=100, method="inclusive")[q - 1]
+
+
+def _row(run: Run, slo: float) -> dict[str, float]:
+    ttft = run.hp_ttft_s
+    met = sum(t <= slo for t in ttft) / max(1, len(ttft))
+    return {"hp_requests": len(ttft), "hp_slo_attainment": met,
+            "hp_ttft_p50_s": _pct(ttft, 50), "hp_ttft_p99_s": _pct(ttft, 99),
+            "lp_tok_s": run.lp_tokens / run.wall_s,
+            "total_tok_s": (run.lp_tokens + run.hp_tokens) / run.wall_s,
+            "busy_fraction": run.busy_fraction, "wall_s": run.wall_s}
+
+
+async def lone_prefill(model: Model, est: Estimators, policy: str, n: int, devices: str,
+                       mem_gib: float) -> tuple[float, str]:
+    """TTFT of one high-priority prefill on idle devices, and the partition used."""
+    cfg = SchedulerConfig(policy=policy, max_model_len=2048)
+    sched = build_scheduler(model, parse_devices(devices, mem_gib), cfg, est)
+    await sched.start()
+    req = Request("lone", "interactive", Priority.HIGH, _prompt(n, 3, model.config.vocab_size),
+                  SamplingParams(temperature=0, max_tokens=1))
+    ttft = float("nan")
+    async for ev in sched.submit(req):
+        if ev.token_id is not None:
+            ttft = ev.time - req.arrival_time
+    await sched.stop()
+    return ttft, _partition(sched.timeline(0.0))
+
+
+def _lone(model: Model, est: Estimators, policy: str, n: int, devices: str,
+          mem: float) -> tuple[float, str]:
+    out = asyncio.run(lone_prefill(model, est, policy, n, devices, mem))
+    gc.collect()
+    return out
+
+
+def _partition(timeline: list[dict]) -> str:
+    compute = [e for e in timeline if e["role"] == "compute" and e["num_tokens"] > 1]
+    devices = sorted({e["device"] for e in compute})
+    chunks = sum(e["op"] == "embed" for e in compute)
+    if len(devices) == 1:
+        return f"single {devices[0]}"
+    return f"split {'+'.join(devices)}" + (f", {chunks} chunks" if chunks > 1 else "")
+
+
+def _lone_rows(model: Model, est: Estimators, devices: str, mem: float,
+               repeats: int) -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
+    for n in (320, 1024):
+        sl = [_lone(model, est, "slice", n, devices, mem) for _ in range(repeats)]
+        one = [_lone(model, est, "fcfs", n, devices, mem)[0] for _ in range(repeats)]
+        ttft = statistics.median(t for t, _ in sl)
+        rows.append({"prompt_tokens": n, "slice_partition": sl[-1][1], "slice_ttft_s": ttft,
+                     "one_device_ttft_s": statistics.median(one),
+                     "speedup": statistics.median(one) / ttft})
+    return rows
+
+
+def _print(rows: dict[str, dict[str, float]], slo: float, lone: list[dict[str, object]]) -> None:
+    base = rows.get("fcfs")
+    print(f"SLO (p90 TTFT of the interactive stream alone under static): {slo:.3f} s\n")
+    print("| policy | HP SLO attain. | HP TTFT p50 s | HP TTFT p99 s | LP tok/s | total tok/s "
+          "| total vs fcfs | busy |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for name, r in rows.items():
+        ratio = r["total_tok_s"] / base["total_tok_s"] if base else float("nan")
+        print(f"| {name} | {r['hp_slo_attainment']:.1%} | {r['hp_ttft_p50_s']:.3f} | "
+              f"{r['hp_ttft_p99_s']:.3f} | {r['lp_tok_s']:.1f} | {r['total_tok_s']:.1f} | "
+              f"{ratio:.2f} | {r['busy_fraction']:.2f} |")
+    print("\n| lone HP prefill | slice partition | slice TTFT s | one device TTFT s | speedup |")
+    print("|---:|---|---:|---:|---:|")
+    for lr in lone:
+        print(f"| {lr['prompt_tokens']} | {lr['slice_partition']} | {lr['slice_ttft_s']:.3f} | "
+              f"{lr['one_device_ttft_s']:.3f} | {lr['speedup']:.2f} |")
+
+
+def main(argv: list[str] | None = None) -> dict[str, object]:
+    p = argparse.ArgumentParser(prog="python -m scheduler bench policies")
+    p.add_argument("--model", default="default")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--devices", default="cpu:0,cpu:1")
+    p.add_argument("--device-memory-gib", type=float, default=2.0)
+    p.add_argument("--policies", default="fcfs,priority,static,slice")
+    p.add_argument("--hp-requests", type=int, default=Workload().hp_requests)
+    p.add_argument("--rate-scale", type=float, default=Workload().rate_scale)
+    p.add_argument("--lone-repeats", type=int, default=3)
+    p.add_argument("--json", type=Path, default=None)
+    a = p.parse_args(argv)
+    w = Workload(hp_requests=a.hp_requests, rate_scale=a.rate_scale)
+    model = load(a.model, dtype=a.dtype)
+    est = load_or_profile(model, parse_devices(a.devices, a.device_memory_gib))
+    alone = run_policy(model, est, "static", w, a.devices, a.device_memory_gib, None,
+                       with_lp=False)
+    slo = _pct(alone.hp_ttft_s, 90)
+    rows = {name: _row(run_policy(model, est, name, w, a.devices, a.device_memory_gib, slo,
+                                  with_lp=True), slo)
+            for name in a.policies.split(",")}
+    lone = _lone_rows(model, est, a.devices, a.device_memory_gib, a.lone_repeats)
+    _print(rows, slo, lone)
+    trace = "AzureLLMInferenceTrace_code" if AZURE_CODE.is_file() else "synthetic-coding"
+    result: dict[str, object] = {
+        "slo_s": slo, "hp_alone": _row(alone, slo), "policies": rows, "lone_prefill": lone,
+        "workload": asdict(w), "trace": trace, "model": a.model, "dtype": a.dtype}
+    if a.json:
+        a.json.write_text(json.dumps(result, indent=1))
+    return result
