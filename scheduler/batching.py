@@ -32,6 +32,7 @@ class RoundContext:
     issue: Callable[[Plan], None]  # builds the plan's ops and enqueues them
     preempt: Callable[[RequestState], None]  # frees a runnable request's KV, back to waiting
     prefill_inflight: dict[str, int]  # device -> prefill plans in flight
+    decode_inflight: set[tuple[Placement, Priority]]  # decode groups with a step in flight
     tightest_slo_s: float  # smallest TTFT SLO among requests seen (sizes low-priority chunks)
 
     def load(self, device: str) -> float:
@@ -51,13 +52,20 @@ def split(first: str, second: str, at: int, num_ops: int) -> Placement:
     return (first,) * at + (second,) * (num_ops - at)
 
 
-def decode_plans(states: list[RequestState], cfg: SchedulerConfig,
-                 priority_of: Callable[[RequestState], Priority]) -> list[Plan]:
-    """Decode steps of runnable requests, batched by (placement, priority)."""
+def decode_plans(ctx: RoundContext, priority_of: Callable[[RequestState], Priority]
+                 ) -> list[Plan]:
+    """Decode steps of runnable requests, batched by (placement, priority).
+
+    NOTE: a group with a step in flight is skipped: its newcomers join the next step,
+    so decode batches merge instead of fragmenting into many small ones.
+    """
+    cfg = ctx.cfg
     groups: dict[tuple[Placement, Priority], list[RequestState]] = defaultdict(list)
-    for s in states:
+    for s in ctx.runnable:
         if not s.is_prefilling and s.placement is not None:
-            groups[(s.placement, priority_of(s))].append(s)
+            key = (s.placement, priority_of(s))
+            if key not in ctx.decode_inflight:
+                groups[key].append(s)
     plans = []
     for (placement, prio), members in sorted(groups.items(), key=lambda kv: kv[0][1]):
         for i in range(0, len(members), cfg.max_decode_seqs):

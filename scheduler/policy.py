@@ -42,7 +42,7 @@ class GreedyPolicy:
         return sorted(waiting, key=lambda s: s.req.arrival_time)
 
     def run_round(self, ctx: RoundContext) -> None:
-        for plan in decode_plans(ctx.runnable, ctx.cfg, self.priority_of):
+        for plan in decode_plans(ctx, self.priority_of):
             ctx.issue(plan)
         feeds: dict[str, list[Feed]] = {d: [] for d in ctx.devices if not ctx.prefill_inflight[d]}
         for s in ctx.runnable:

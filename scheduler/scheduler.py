@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from executors.memory import MemoryLedger
-from executors.types import Device, OpInstance, OpState
+from executors.types import Device, OpInstance, OpState, Priority
 from models.loader import Model
 from scheduler.api import SchedulerStats
 from scheduler.batching import RoundContext
@@ -61,6 +61,7 @@ class Scheduler:
         self.plans: dict[int, tuple[Plan, int]] = {}  # final op id -> (plan, chunk index)
         self.op_plan: dict[int, Plan] = {}  # op id -> its plan, while the plan is in flight
         self.prefill_inflight = dict.fromkeys(self.devices, 0)
+        self.decode_inflight: set[tuple[Placement, Priority]] = set()
         self.tightest_slo_s = self.cfg.default_ttft_slo_s
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -172,7 +173,7 @@ class Scheduler:
         return RoundContext(self.clock(), self.cfg, list(self.devices),
                             len(self.model.template.ops), self.waiting, runnable, self.kv,
                             self.builder, self.gmg, self._admit, self._issue, self._preempt,
-                            self.prefill_inflight, self.tightest_slo_s)
+                            self.prefill_inflight, self.decode_inflight, self.tightest_slo_s)
 
     def _admit(self, state: RequestState, placement: Placement) -> None:
         reservation = self.kv.reserve(state.rid, set(placement),
@@ -202,6 +203,8 @@ class Scheduler:
             s.scheduled_time = s.scheduled_time or now
         if _is_prefill(plan):
             self.prefill_inflight[plan.placement[0]] += 1
+        else:
+            self.decode_inflight.add((plan.placement, plan.priority))
         for op in plan.ops:
             op.issued_at = now
             self.gmg.mark_issued(op)
@@ -268,6 +271,8 @@ class Scheduler:
     def _plan_done(self, plan: Plan, error: str | None = None) -> None:
         if _is_prefill(plan):
             self.prefill_inflight[plan.placement[0]] -= 1
+        else:
+            self.decode_inflight.discard((plan.placement, plan.priority))
         for op in plan.ops:
             self.op_plan.pop(op.op_id, None)
             self.plans.pop(op.op_id, None)

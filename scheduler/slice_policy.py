@@ -74,7 +74,7 @@ class SlicePolicy:
     def _round(self, ctx: RoundContext) -> None:
         for prio in (Priority.HIGH, Priority.NORMAL):
             self._urgent(ctx, prio)
-        for plan in decode_plans(ctx.runnable, ctx.cfg, lambda s: s.priority):
+        for plan in decode_plans(ctx, lambda s: s.priority):
             if plan.priority < Priority.LOW or self._harmless(ctx, plan):
                 ctx.issue(plan)
         self._low(ctx)
