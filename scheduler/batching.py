@@ -31,13 +31,19 @@ class RoundContext:
     admit: Callable[[RequestState, Placement], None]  # reserves KV, leaves the waiting queue
     issue: Callable[[Plan], None]  # builds the plan's ops and enqueues them
     preempt: Callable[[RequestState], None]  # frees a runnable request's KV, back to waiting
-    prefill_inflight: dict[str, int]  # device -> prefill plans in flight
+    prefill_inflight: dict[tuple[str, Priority], int]  # (device, class) -> prefill plans
     decode_inflight: set[tuple[Placement, Priority]]  # decode groups with a step in flight
     tightest_slo_s: float  # smallest TTFT SLO among requests seen (sizes low-priority chunks)
 
     def load(self, device: str) -> float:
         """Estimated seconds of work queued or running on `device`."""
         return sum(op.est_s for op in self.gmg.scheduled.values() if op.device == device)
+
+    def prefills(self, device: str, priority: Priority | None = None) -> int:
+        """Prefill plans in flight on `device` (of one class, or of all)."""
+        if priority is not None:
+            return self.prefill_inflight.get((device, priority), 0)
+        return sum(self.prefill_inflight.get((device, p), 0) for p in Priority)
 
     def least_loaded(self, devices: list[str]) -> str:
         return min(devices, key=lambda d: (self.load(d), d))

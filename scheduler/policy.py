@@ -44,7 +44,7 @@ class GreedyPolicy:
     def run_round(self, ctx: RoundContext) -> None:
         for plan in decode_plans(ctx, self.priority_of):
             ctx.issue(plan)
-        feeds: dict[str, list[Feed]] = {d: [] for d in ctx.devices if not ctx.prefill_inflight[d]}
+        feeds: dict[str, list[Feed]] = {d: [] for d in ctx.devices if not ctx.prefills(d)}
         for s in ctx.runnable:
             if s.is_prefilling and s.placement and s.placement[0] in feeds:
                 self._add(ctx, feeds[s.placement[0]], s)

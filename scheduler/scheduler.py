@@ -60,7 +60,7 @@ class Scheduler:
         self.states: dict[str, RequestState] = {}
         self.plans: dict[int, tuple[Plan, int]] = {}  # final op id -> (plan, chunk index)
         self.op_plan: dict[int, Plan] = {}  # op id -> its plan, while the plan is in flight
-        self.prefill_inflight = dict.fromkeys(self.devices, 0)
+        self.prefill_inflight: dict[tuple[str, Priority], int] = {}
         self.decode_inflight: set[tuple[Placement, Priority]] = set()
         self.tightest_slo_s = self.cfg.default_ttft_slo_s
         self._wake = asyncio.Event()
@@ -202,7 +202,8 @@ class Scheduler:
             s.in_flight = True
             s.scheduled_time = s.scheduled_time or now
         if _is_prefill(plan):
-            self.prefill_inflight[plan.placement[0]] += 1
+            key = (plan.placement[0], plan.priority)
+            self.prefill_inflight[key] = self.prefill_inflight.get(key, 0) + 1
         else:
             self.decode_inflight.add((plan.placement, plan.priority))
         for op in plan.ops:
@@ -270,7 +271,7 @@ class Scheduler:
 
     def _plan_done(self, plan: Plan, error: str | None = None) -> None:
         if _is_prefill(plan):
-            self.prefill_inflight[plan.placement[0]] -= 1
+            self.prefill_inflight[(plan.placement[0], plan.priority)] -= 1
         else:
             self.decode_inflight.discard((plan.placement, plan.priority))
         for op in plan.ops:

@@ -137,7 +137,7 @@ class SlicePolicy:
     def _low(self, ctx: RoundContext) -> None:
         if ctx.waiting.count(Priority.HIGH) or ctx.waiting.count(Priority.NORMAL):
             return  # NOTE: urgent requests wait for memory; do not let low work take it
-        free = [d for d in ctx.devices if not ctx.prefill_inflight[d]]
+        free = [d for d in ctx.devices if not ctx.prefills(d, Priority.LOW)]
         going = [s for s in ctx.runnable if s.priority == Priority.LOW and s.is_prefilling]
         for s in sorted(going, key=lambda s: s.req.arrival_time):
             assert s.placement is not None
@@ -207,7 +207,7 @@ class SlicePolicy:
         if pred.oom:
             return False
         for rid, deadline in snap.deadlines:
-            t = pred.first_token.get(rid)
-            if t is not None and t > deadline and t > base.first_token.get(rid, t) + SLACK_S:
-                return False
+            t, before = pred.first_token.get(rid), base.first_token.get(rid)
+            if t is not None and t > deadline and before is not None and before <= deadline:
+                return False  # this plan alone would make it miss
         return True
