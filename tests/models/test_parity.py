@@ -6,7 +6,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, PretrainedConfig, Qwen2Config
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    MistralConfig,
+    PretrainedConfig,
+    Qwen2Config,
+)
 
 import models
 from models.batch import SeqSpec, build_batch
@@ -33,6 +39,11 @@ CONFIGS: dict[str, PretrainedConfig] = {
         "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
     "llama-rope-linear": _llama(rope_parameters={"rope_type": "linear", "rope_theta": 10000.0,
                                                  "factor": 2.0}),
+    "mistral-no-sliding-window": MistralConfig(vocab_size=97, hidden_size=48,
+                                               intermediate_size=96, num_hidden_layers=3,
+                                               num_attention_heads=4, num_key_value_heads=2,
+                                               head_dim=12, max_position_embeddings=256,
+                                               sliding_window=None),
     "qwen2-gqa2-bias": Qwen2Config(vocab_size=97, hidden_size=48, intermediate_size=96,
                                    num_hidden_layers=3, num_attention_heads=4,
                                    num_key_value_heads=2, max_position_embeddings=256,
