@@ -14,7 +14,7 @@ class Dispatchable(Protocol):
     @property
     def priority(self) -> Priority: ...
     @property
-    def ready_at(self) -> float | None: ...
+    def issued_at(self) -> float | None: ...
     @property
     def op_id(self) -> int: ...
 
@@ -23,13 +23,19 @@ D = TypeVar("D", bound=Dispatchable)
 
 
 def dispatch_key(op: Dispatchable) -> tuple[int, float, int]:
-    """Priority class first (high first), then earliest ready time, then op id."""
-    ready = op.ready_at if op.ready_at is not None else float("inf")
-    return (int(op.priority), ready, op.op_id)
+    """Priority class first (high first), then the earliest-issued batch, then op id.
+
+    NOTE: a ready op is ordered by when its batch was issued, not by when the op
+    itself became ready. Ordering by the op's own ready time lets the first ops of
+    every later batch overtake the continuation of an earlier one, so batches of one
+    class interleave and each request's first token waits for the whole queue.
+    """
+    issued = op.issued_at if op.issued_at is not None else float("inf")
+    return (int(op.priority), issued, op.op_id)
 
 
 def pick_next(ready: Iterable[D]) -> D | None:
-    """Among ready ops of one device: highest priority class, then earliest ready, then id."""
+    """Among ready ops of one device: highest priority class, then oldest batch, then id."""
     return min(ready, key=dispatch_key, default=None)
 
 

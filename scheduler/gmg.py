@@ -29,10 +29,7 @@ class SimOp:
     start: float | None  # set when running
     mem_bytes: int
     first_token_of: tuple[str, ...] = ()  # requests whose first token this op produces
-
-    @property
-    def ready_at(self) -> float:  # dispatch-rule view for an op ready from the start
-        return self.ready_floor
+    issued_at: float = 0.0  # when its batch was issued (the dispatch rule orders by it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +94,8 @@ class GMG:
                 open_deps.append(d.op_id)
         start = op.start if op.state is OpState.RUNNING else None
         return SimOp(op.op_id, op.name, op.device, op.priority, tuple(open_deps), op.est_s,
-                     floor, start, op.mem_bytes, self.first_token_of.get(op.op_id, ()))
+                     floor, start, op.mem_bytes, self.first_token_of.get(op.op_id, ()),
+                     op.issued_at if op.issued_at is not None else now)
 
     def to_json(self) -> dict[str, Any]:
         """The /admin/gmg view."""

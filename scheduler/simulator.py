@@ -53,7 +53,7 @@ class _Sim:
 
 def _init(snapshot: Snapshot, candidate: Candidate) -> _Sim:
     now = snapshot.now
-    new = [replace(o, ready_floor=max(o.ready_floor, now)) for o in candidate.ops]
+    new = [replace(o, ready_floor=max(o.ready_floor, now), issued_at=now) for o in candidate.ops]
     ops = {o.op_id: o for o in (*snapshot.ops, *new)}
     succ: dict[int, list[int]] = {i: [] for i in ops}
     waiting = {}
