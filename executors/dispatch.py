@@ -63,3 +63,20 @@ def mark_issued(op: OpInstance, now: float) -> None:
     op.ready_at = None  # the executor owns ready_at from here on
     if op.issued_at is None:
         op.issued_at = now
+
+
+def scan_ready(pending: Iterable[OpInstance], now: float) -> tuple[list[OpInstance], float | None]:
+    """The ops of a queue that may start at `now`, and the earliest later `ready_at` (a Recv
+    waiting to retry), stamping `ready_at` on ops seen ready for the first time."""
+    ready: list[OpInstance] = []
+    wake: float | None = None
+    for op in pending:
+        if not op.is_ready:
+            continue
+        if op.ready_at is None:
+            op.ready_at = ready_time(op, now)
+        if op.ready_at <= now:
+            ready.append(op)
+        else:
+            wake = op.ready_at if wake is None else min(wake, op.ready_at)
+    return ready, wake

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from executors.dispatch import mark_issued, pick_next, ready_time
+from executors.dispatch import mark_issued, pick_next, scan_ready
 from executors.runner import RecvNotReady
 from executors.types import Device, OpInstance, OpState
 
@@ -92,18 +92,8 @@ class Executor:
     def _next_ready(self) -> tuple[OpInstance | None, float | None]:
         """The op to run now (by `pick_next`), else how long until a waiting op's ready_at."""
         now = time.monotonic()
-        ready = []
-        wake: float | None = None
-        for op in self._pending:
-            if not op.is_ready:
-                continue
-            if op.ready_at is None:
-                op.ready_at = ready_time(op, now)
-            if op.ready_at <= now:
-                ready.append(op)
-            else:  # a Recv waiting to retry
-                wake = op.ready_at - now if wake is None else min(wake, op.ready_at - now)
-        return pick_next(ready), wake
+        ready, wake = scan_ready(self._pending, now)
+        return pick_next(ready), None if wake is None else wake - now
 
     def _take(self) -> OpInstance | None:
         with self._cond:

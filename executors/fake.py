@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from executors.dispatch import mark_issued, pick_next, ready_time
+from executors.dispatch import mark_issued, pick_next, scan_ready
 from executors.runner import RecvNotReady
 from executors.types import Device, OpInstance, OpState
 
@@ -122,17 +122,7 @@ class FakeExecutor:
             self._cluster.push(now + op.est_s, self, op, out, err)
 
     def _pick(self, now: float) -> OpInstance | None:
-        ready = []
-        wake: float | None = None
-        for op in self._pending:
-            if not op.is_ready:
-                continue
-            if op.ready_at is None:
-                op.ready_at = ready_time(op, now)
-            if op.ready_at <= now:
-                ready.append(op)
-            else:
-                wake = op.ready_at if wake is None else min(wake, op.ready_at)
+        ready, wake = scan_ready(self._pending, now)
         if wake is not None and self._wake_at != wake:
             self._wake_at = wake
             self._cluster.push(wake, self, None)
