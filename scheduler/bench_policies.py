@@ -38,10 +38,10 @@ class Workload:
     """The recipe. Prompt tokens are scaled; output tokens kept, both capped."""
 
     hp_requests: int = 300
-    rate_scale: float = 0.5  # arrivals slowed to this fraction of the trace's rate
-    prompt_scale: float = 0.25
+    rate_scale: float = 0.8  # arrivals slowed to this fraction of the trace's rate
+    prompt_scale: float = 0.0625
     max_prompt: int = 1024
-    max_output: int = 64
+    max_output: int = 32
     lp_concurrency: int = 16
     lp_prompt: int = 512
     lp_output: int = 64
