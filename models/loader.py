@@ -124,7 +124,8 @@ def _layer(w: _Weights, i: int) -> LayerWeights:
         o=w.get(a + "o_proj.weight"),
         o_bias=w.maybe(a + "o_proj.bias"),
         post_norm=w.get(p + "post_attention_layernorm.weight"),
-        gate_up=torch.cat([w.get(p + "mlp.gate_proj.weight"), w.get(p + "mlp.up_proj.weight")]),
+        gate=w.get(p + "mlp.gate_proj.weight"),
+        up=w.get(p + "mlp.up_proj.weight"),
         down=w.get(p + "mlp.down_proj.weight"),
     )
 

@@ -55,7 +55,7 @@ class LayerGroupOp:
 
     def to(self, device: torch.device) -> LayerGroupOp:
         moved = [LayerWeights(*(_move(t, device) for t in (  # type: ignore[arg-type]
-            w.input_norm, w.qkv, w.qkv_bias, w.o, w.o_bias, w.post_norm, w.gate_up, w.down)))
+            w.input_norm, w.qkv, w.qkv_bias, w.o, w.o_bias, w.post_norm, w.gate, w.up, w.down)))
             for w in self.layers]
         return replace(self, layers=moved, inv_freq=self.inv_freq.to(device))
 
