@@ -32,7 +32,7 @@ class RoundContext:
     issue: Callable[[Plan], None]  # builds the plan's ops and enqueues them
     preempt: Callable[[RequestState], None]  # frees a runnable request's KV, back to waiting
     prefill_inflight: dict[tuple[str, Priority], int]  # (device, class) -> prefill plans
-    decode_inflight: set[tuple[Placement, Priority]]  # decode groups with a step in flight
+    decode_inflight: set[Placement]  # placements with a decode step in flight
     tightest_slo_s: float  # smallest TTFT SLO among requests seen (sizes low-priority chunks)
 
     def load(self, device: str) -> float:
@@ -60,25 +60,26 @@ def split(first: str, second: str, at: int, num_ops: int) -> Placement:
 
 def decode_plans(ctx: RoundContext, priority_of: Callable[[RequestState], Priority]
                  ) -> list[Plan]:
-    """Decode steps of runnable requests, batched by (placement, priority).
+    """Decode steps of runnable requests: one batch per placement, every class together.
 
-    NOTE: a group with a step in flight is skipped: its newcomers join the next step,
-    so decode batches merge instead of fragmenting into many small ones.
+    The batch runs at its most urgent member's class. NOTE: classes share a step because a
+    decode step costs mostly its weight reads: a separate one-request high-priority step
+    costs about as much as a full low-priority one. A placement with a step in flight is
+    skipped, so newcomers join the next step instead of fragmenting the batch.
     """
-    cfg = ctx.cfg
-    groups: dict[tuple[Placement, Priority], list[RequestState]] = defaultdict(list)
+    groups: dict[Placement, list[RequestState]] = defaultdict(list)
     for s in ctx.runnable:
-        if not s.is_prefilling and s.placement is not None:
-            key = (s.placement, priority_of(s))
-            if key not in ctx.decode_inflight:
-                groups[key].append(s)
+        if not s.is_prefilling and s.placement is not None \
+                and s.placement not in ctx.decode_inflight:
+            groups[s.placement].append(s)
     plans = []
-    for (placement, prio), members in sorted(groups.items(), key=lambda kv: kv[0][1]):
-        for i in range(0, len(members), cfg.max_decode_seqs):
-            feeds = [Feed(s, s.next_chunk(1), s.num_computed)
-                     for s in members[i:i + cfg.max_decode_seqs]]
-            plans.append(Plan(prio, placement, [feeds]))
-    return plans
+    for placement, members in groups.items():
+        members.sort(key=lambda s: (priority_of(s), s.req.arrival_time))
+        for i in range(0, len(members), ctx.cfg.max_decode_seqs):
+            part = members[i:i + ctx.cfg.max_decode_seqs]
+            feeds = [Feed(s, s.next_chunk(1), s.num_computed) for s in part]
+            plans.append(Plan(min(priority_of(s) for s in part), placement, [feeds]))
+    return sorted(plans, key=lambda p: p.priority)
 
 
 def prefill_feed(state: RequestState, max_tokens: int) -> Feed:

@@ -61,7 +61,7 @@ class Scheduler:
         self.plans: dict[int, tuple[Plan, int]] = {}  # final op id -> (plan, chunk index)
         self.op_plan: dict[int, Plan] = {}  # op id -> its plan, while the plan is in flight
         self.prefill_inflight: dict[tuple[str, Priority], int] = {}
-        self.decode_inflight: set[tuple[Placement, Priority]] = set()
+        self.decode_inflight: set[Placement] = set()
         self.tightest_slo_s = self.cfg.default_ttft_slo_s
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -205,7 +205,7 @@ class Scheduler:
             key = (plan.placement[0], plan.priority)
             self.prefill_inflight[key] = self.prefill_inflight.get(key, 0) + 1
         else:
-            self.decode_inflight.add((plan.placement, plan.priority))
+            self.decode_inflight.add(plan.placement)
         for op in plan.ops:
             op.issued_at = now
             self.gmg.mark_issued(op)
@@ -273,7 +273,7 @@ class Scheduler:
         if _is_prefill(plan):
             self.prefill_inflight[(plan.placement[0], plan.priority)] -= 1
         else:
-            self.decode_inflight.discard((plan.placement, plan.priority))
+            self.decode_inflight.discard(plan.placement)
         for op in plan.ops:
             self.op_plan.pop(op.op_id, None)
             self.plans.pop(op.op_id, None)
