@@ -33,7 +33,6 @@ from scheduler.state import Placement, RequestState
 
 CHUNK_COUNTS = (2, 4)  # chunked-pipeline candidates
 MIN_PIPELINE_TOKENS = 128  # shorter prompts are not worth a split
-SLACK_S = 1e-4
 
 
 @dataclass(slots=True)
@@ -58,7 +57,7 @@ def _simulate(snap: Snapshot, cand: Candidate | None = None) -> Prediction:
 class Scored:
     plan: Plan
     prediction: Prediction
-    score: float
+    score: tuple[bool, bool, float]  # (misses its deadline, spans devices, first token time)
 
 
 class SlicePolicy:
@@ -95,18 +94,27 @@ class SlicePolicy:
             ctx.issue(best.plan)
 
     def _best_placement(self, ctx: RoundContext, s: RequestState) -> Scored | None:
+        """The feasible candidate with the best (misses deadline, spans devices, TTFT) score.
+
+        NOTE: a split placement pins the request's KV, and so its decode steps, to both
+        devices, apart from the other requests' batches; it is worth that only when no
+        single device would meet the deadline (or when the request has none).
+        """
         snap = ctx.gmg.snapshot(ctx.now)
+        deadline = s.req.ttft_deadline
         best: Scored | None = None
         for placement, chunks in self._candidates(ctx, s):
-            devices = set(placement)
-            if not ctx.kv.can_reserve(devices, kv_tokens(s)):
+            if not ctx.kv.can_reserve(set(placement), kv_tokens(s)):
                 continue
             plan = ctx.builder.build(Plan(s.priority, placement, chunks), tensors=False)
             pred = _simulate(snap, to_candidate(plan, {}))
             if pred.oom:
                 continue
-            score = pred.first_token.get(s.rid, pred.end)
-            if best is None or score < best.score - SLACK_S:
+            first = pred.first_token.get(s.rid, pred.end)
+            late = deadline is not None and first > deadline
+            spans = deadline is not None and len(set(placement)) > 1
+            score = (late, spans, first)
+            if best is None or score < best.score:
                 best = Scored(plan, pred, score)
         if best is None and self._make_room(ctx, s):
             return self._best_placement(ctx, s)
