@@ -1,0 +1,160 @@
+"""``python -m loadgen replay|bench|stub`` (see ``loadgen/README.md``)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shlex
+import sys
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+
+from loadgen.client import DIALECTS
+from loadgen.workload import parse_tenants
+
+EXIT_INTERRUPTED = 130
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from loadgen.plots import write_plots
+    from loadgen.prompts import PromptBuilder, resolve_model_folder
+    from loadgen.replay import ReplayConfig, replay
+    from loadgen.report import format_markdown, resolve_slos, write_report
+
+    config = ReplayConfig(
+        url=args.url.rstrip("/"), tenants=tuple(parse_tenants(args.tenant)), model=args.model,
+        duration_s=args.duration, drain_timeout_s=args.drain_timeout,
+        request_timeout_s=args.request_timeout, admin_key=args.admin_key,
+        dialect=args.dialect, warmup_requests=args.warmup, progress=args.progress,
+        handle_signals=True)
+    builder = PromptBuilder.from_folder(resolve_model_folder(args.tokenizer))
+    result = asyncio.run(replay(config, builder.text))
+    slo_s = args.slo_ms / 1000 if args.slo_ms is not None else None
+    report = write_report(result, args.out, slo_s)
+    if not args.no_plots:
+        write_plots(result, args.out, {k: v for k, (v, _) in resolve_slos(result, slo_s).items()})
+    print(format_markdown(report))
+    print(f"wrote {args.out}/report.json, report.md, requests.jsonl"
+          + ("" if args.no_plots else " and plots"), file=sys.stderr)
+    if result.interrupted:
+        return EXIT_INTERRUPTED
+    return 0 if any(r.ok for r in result.records) else 1
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from loadgen.bench import BenchConfig, run_bench
+
+    optional = {"interactive": args.interactive,
+                "serve_cmd": tuple(shlex.split(args.serve_cmd)) if args.serve_cmd else None}
+    config = BenchConfig(
+        out=args.out or Path("bench-results") / datetime.now().strftime("%Y%m%d-%H%M%S"),
+        policies=_names(args.policies), peers=_names(args.peers), model=args.model,
+        devices=args.devices, dtype=args.dtype, max_model_len=args.max_model_len,
+        batch=args.batch, tail_s=args.tail, slo_ms=args.slo_ms,
+        serve_args=tuple(args.serve_arg), ready_timeout_s=args.ready_timeout,
+        peer_ready_timeout_s=args.peer_ready_timeout, drain_timeout_s=args.drain_timeout,
+        request_timeout_s=args.request_timeout, warmup_requests=args.warmup,
+        **{k: v for k, v in optional.items() if v is not None})
+    doc = run_bench(config, "python -m loadgen " + shlex.join(sys.argv[1:]))
+    print((config.out / "bench.md").read_text())
+    print(f"wrote {config.out}/bench.json, bench.md, plots and runs/", file=sys.stderr)
+    if doc["interrupted"]:
+        return EXIT_INTERRUPTED
+    failed = [p for p in config.policies if doc["runs"].get(p, {}).get("status") != "ok"]
+    return 1 if failed else 0
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(n.strip() for n in text.split(",") if n.strip() and n.strip() != "none")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m loadgen", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    _replay_parser(sub.add_parser("replay", help="replay tenants' workloads against a server"))
+    _bench_parser(sub.add_parser("bench", help="slicegate policies and peers side by side"))
+    stub = sub.add_parser("stub", help="a model-free OpenAI-compatible server for dry runs",
+                          add_help=False)
+    stub.set_defaults(fn=None)
+    return p
+
+
+def _replay_parser(r: argparse.ArgumentParser) -> None:
+    r.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
+    r.add_argument("--model", default=None, help="default: the first of /v1/models")
+    r.add_argument("--tenant", action="append", required=True, metavar="NAME:KEY:SOURCE[:OPTS]",
+                   help="repeatable; SOURCE: a trace path or synthetic-coding with ,key=value "
+                        "options, rate=R,prompt=P,gen=G or concurrency=C,prompt=P,gen=G; "
+                        "OPTS: priority=N, slo_ms=M")
+    r.add_argument("--out", type=Path, required=True, help="folder for the report and plots")
+    r.add_argument("--tokenizer", default="default",
+                   help="model folder or spec whose tokenizer sizes the prompts (default: default)")
+    r.add_argument("--duration", type=float, default=None, help="stop sending after S seconds")
+    r.add_argument("--drain-timeout", type=float, default=60.0,
+                   help="after an early stop, seconds in-flight requests may still take")
+    r.add_argument("--request-timeout", type=float, default=600.0)
+    r.add_argument("--slo-ms", type=float, default=None,
+                   help="TTFT SLO for tenants without slo_ms= (default: the server's, if any)")
+    r.add_argument("--admin-key", default="", help="slicegate admin key: device busy/idle report")
+    r.add_argument("--dialect", choices=DIALECTS, default="vllm",
+                   help="how to ask for exact output lengths: vllm (also slicegate: ignore_eos, "
+                        "min_tokens, priority), transformers (generation_config), openai (none)")
+    r.add_argument("--warmup", type=int, default=0,
+                   help="warm-up requests per tenant before the clock starts")
+    r.add_argument("--no-plots", action="store_true")
+    r.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress line (default: on a terminal)")
+    r.set_defaults(fn=_replay)
+
+
+def _bench_parser(b: argparse.ArgumentParser) -> None:
+    from loadgen.bench import TRACE_SHAPE
+
+    b.add_argument("--policies", default="fcfs,priority,static,slice")
+    b.add_argument("--peers", default="vllm", help="vllm,transformers or none (default: vllm)")
+    b.add_argument("--model", default="default", help="slicegate --model; also the peers' folder")
+    b.add_argument("--devices", default=None)
+    b.add_argument("--dtype", default="bfloat16")
+    b.add_argument("--max-model-len", type=int, default=2048)
+    b.add_argument("--interactive", default=None,
+                   help="interactive tenant SOURCE (default: the Azure code trace, else "
+                        "synthetic-coding, with " + TRACE_SHAPE + ")")
+    b.add_argument("--batch", default="concurrency=16,prompt=512,gen=64",
+                   help="batch tenant SOURCE (default: %(default)s)")
+    b.add_argument("--tail", type=float, default=2.0,
+                   help="mixed runs send for the interactive trace's span + this many seconds")
+    b.add_argument("--slo-ms", type=float, default=None,
+                   help="interactive TTFT SLO (default: measured: p90 TTFT alone under static)")
+    b.add_argument("--serve-cmd", default=None,
+                   help="command that starts slicegate (default: PYTHON -m gateway serve)")
+    b.add_argument("--serve-arg", action="append", default=[],
+                   help="extra flag for every slicegate run (repeatable)")
+    b.add_argument("--ready-timeout", type=float, default=600.0)
+    b.add_argument("--peer-ready-timeout", type=float, default=1800.0)
+    b.add_argument("--drain-timeout", type=float, default=60.0)
+    b.add_argument("--request-timeout", type=float, default=300.0)
+    b.add_argument("--warmup", type=int, default=2,
+                   help="warm-up requests per tenant and run (default: 2)")
+    b.add_argument("--out", type=Path, default=None,
+                   help="output folder (default: bench-results/DATE-TIME)")
+    b.set_defaults(fn=_bench)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["stub"]:
+        from loadgen.stub import main as stub_main
+        return stub_main(argv[1:])
+    args = _parser().parse_args(argv)
+    try:
+        return int(args.fn(args))
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except (ValueError, RuntimeError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,269 @@
+"""``python -m loadgen bench``: slicegate's policies and peer servers side by side.
+
+1. The interactive tenant alone under ``static`` (its own share of the
+   devices, the SliceScheduler paper's Static-Online): its p90 TTFT is the
+   interactive SLO (unless ``--slo-ms`` gives one).
+2. For each policy, slicegate is started as a subprocess with a tenants file
+   holding that SLO, the same mixed workload (interactive trace + a batch
+   tenant) is replayed, and the server is stopped by PID.
+3. Each peer (``../shared/peers/*.sh``, same model folder) gets the same
+   workload and is held to the same absolute SLO.
+4. One table side by side, with ratios to ``fcfs``: ``bench.md``,
+   ``bench.json``, overlay plots; each run's own report under ``runs/NAME/``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shlex
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from loadgen.benchtable import (
+    RunOutcome,
+    format_bench_markdown,
+    summarize_run,
+    write_bench_plots,
+)
+from loadgen.plots import write_plots
+from loadgen.prompts import PromptBuilder, resolve_model_folder
+from loadgen.replay import PromptFn, ReplayConfig, replay
+from loadgen.report import write_report
+from loadgen.servers import (
+    PEERS_DIR,
+    RunningServer,
+    ServerError,
+    ServerSpec,
+    default_serve_cmd,
+    free_port,
+    peer_spec,
+    slicegate_command,
+)
+from loadgen.traces import TraceRequest
+from loadgen.workload import TenantSpec, parse_source, plan_arrivals
+
+AZURE_CODE = PEERS_DIR.parent / "traces" / "AzureLLMInferenceTrace_code.csv.gz"
+# NOTE: the recipe of `python -m scheduler bench policies` (scheduler/bench_policies.py), so the
+# two benches' tables can be read side by side.
+TRACE_SHAPE = ("max_requests=300,rate_scale=0.5,prompt_scale=0.25,max_prompt_tokens=1024,"
+               "max_output_tokens=64")
+INTERACTIVE, BATCH = "interactive", "batch"
+KEYS = {INTERACTIVE: "sk-bench-interactive", BATCH: "sk-bench-batch"}
+ADMIN_KEY = "sk-bench-admin"
+SLO_RUN = "static-alone"
+
+
+def default_interactive() -> str:
+    """The Azure code trace when ../shared/traces has it, else the shipped synthetic one."""
+    trace = str(AZURE_CODE) if AZURE_CODE.is_file() else "synthetic-coding"
+    return f"{trace},{TRACE_SHAPE}"
+
+
+@dataclass(frozen=True, slots=True)
+class BenchConfig:
+    """A bench: what to run, on which model and workload, and where to write."""
+
+    out: Path
+    policies: tuple[str, ...] = ("fcfs", "priority", "static", "slice")
+    peers: tuple[str, ...] = ("vllm",)  # "vllm", "transformers"; the table always has vllm
+    model: str = "default"  # slicegate --model; its folder also serves the peers
+    devices: str | None = None  # slicegate --devices; None: its default
+    dtype: str = "bfloat16"  # the peer scripts serve bfloat16
+    max_model_len: int = 2048  # the vLLM peer script serves 2048
+    interactive: str = field(default_factory=default_interactive)  # a tenant SOURCE
+    batch: str = "concurrency=16,prompt=512,gen=64"  # a tenant SOURCE
+    tail_s: float = 2.0  # mixed runs send batch work until the last interactive arrival + this
+    slo_ms: float | None = None  # None: measured by the static-alone run
+    serve_cmd: tuple[str, ...] = field(default_factory=default_serve_cmd)
+    serve_args: tuple[str, ...] = ()  # extra flags for every slicegate run
+    peers_dir: Path = PEERS_DIR
+    ready_timeout_s: float = 600.0
+    peer_ready_timeout_s: float = 1800.0  # first use installs the peer's venv
+    drain_timeout_s: float = 60.0
+    request_timeout_s: float = 300.0
+    warmup_requests: int = 2  # per tenant and run, before the clock starts
+
+    def __post_init__(self) -> None:
+        if not self.policies and not self.peers:
+            raise ValueError("nothing to run: give --policies and/or --peers")
+        for peer in self.peers:
+            if peer not in ("vllm", "transformers"):
+                raise ValueError(f"unknown peer {peer!r} (known: vllm, transformers)")
+        if "fcfs" not in self.policies:
+            raise ValueError("the table's ratios are to fcfs: include fcfs in --policies")
+
+
+@dataclass(slots=True)
+class _Bench:
+    config: BenchConfig
+    prompt: PromptFn
+    folder: Path
+    interactive: TenantSpec
+    batch: TenantSpec
+    duration_s: float
+    outcomes: dict[str, RunOutcome] = field(default_factory=dict)
+    interrupted: bool = False
+
+
+def run_bench(config: BenchConfig, command: str = "") -> dict[str, Any]:
+    """Run every policy and peer, write the bench files, return the bench JSON.
+
+    Ctrl-C stops the run in progress (its report is kept), skips the rest and
+    still writes the bench files; ``doc["interrupted"]`` is then true.
+    ``command`` is recorded as the command line that ran the bench.
+    """
+    started_at = _now()
+    config.out.mkdir(parents=True, exist_ok=True)
+    folder = resolve_model_folder(config.model)
+    interactive = TenantSpec(INTERACTIVE, KEYS[INTERACTIVE], parse_source(config.interactive),
+                             priority=0)
+    batch = TenantSpec(BATCH, KEYS[BATCH], parse_source(config.batch), priority=2)
+    arrivals = plan_arrivals(interactive.source)
+    bench = _Bench(config, _cached_prompts(folder), folder, interactive, batch,
+                   duration_s=arrivals[-1].arrival_s + config.tail_s)
+    slo_s, slo_source = None, "not measured: interrupted"
+    try:
+        slo_s, slo_source = _measure_slo(bench)
+        for policy in config.policies:
+            _slicegate_run(bench, policy, (interactive, batch), slo_s)
+        for peer in config.peers:
+            _peer_run(bench, peer, slo_s)
+    except KeyboardInterrupt:
+        bench.interrupted = True
+    times = {"command": command or f"run_bench({config!r})", "started_at": started_at,
+             "finished_at": _now()}
+    return _write(bench, slo_s, slo_source, arrivals, times)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def _cached_prompts(folder: Path) -> PromptFn:
+    builder = PromptBuilder.from_folder(folder)
+    cache: dict[tuple[int, str], str] = {}
+
+    def prompt(num_tokens: int, salt: str) -> str:
+        # NOTE: every run replays the same texts, built once.
+        key = (num_tokens, salt)
+        if key not in cache:
+            cache[key] = builder.text(num_tokens, salt)
+        return cache[key]
+
+    return prompt
+
+
+def _measure_slo(bench: _Bench) -> tuple[float | None, str]:
+    if bench.config.slo_ms is not None:
+        return bench.config.slo_ms / 1000, "given (--slo-ms)"
+    outcome = _slicegate_run(bench, "static", (bench.interactive,), None, name=SLO_RUN)
+    p90 = outcome.summary.get("hp_ttft_p90_s") if outcome.ok else None
+    if p90 is None:
+        return None, f"not measured: {SLO_RUN} failed ({outcome.reason})"
+    return p90, f"p90 TTFT of {INTERACTIVE} alone under static"
+
+
+def write_tenants_file(path: Path, slo_s: float | None) -> Path:
+    """The slicegate tenants YAML: interactive (high, with the SLO), batch (low), an admin key."""
+    interactive: dict[str, Any] = {"name": INTERACTIVE, "api_keys": [KEYS[INTERACTIVE]],
+                                   "priority": "high"}
+    if slo_s is not None:
+        interactive["ttft_slo_ms"] = max(1, round(slo_s * 1000))
+    doc = {"admin_keys": [ADMIN_KEY], "tenants": [
+        interactive, {"name": BATCH, "api_keys": [KEYS[BATCH]], "priority": "low"}]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def _slicegate_run(bench: _Bench, policy: str, tenants: tuple[TenantSpec, ...],
+                   slo_s: float | None, name: str | None = None) -> RunOutcome:
+    config, name = bench.config, name or policy
+    run_dir = config.out / "runs" / name
+    port = free_port()
+    command = slicegate_command(
+        config.serve_cmd, model=config.model, policy=policy,
+        tenants=write_tenants_file(run_dir / "tenants.yaml", slo_s), port=port,
+        devices=config.devices, dtype=config.dtype, max_model_len=config.max_model_len,
+        extra=config.serve_args)
+    spec = ServerSpec(name, command, port, "/health", None, config.ready_timeout_s)
+    return _run(bench, spec, tenants, slo_s, ADMIN_KEY, note="")
+
+
+def _peer_run(bench: _Bench, peer: str, slo_s: float | None) -> RunOutcome:
+    config = bench.config
+    spec = peer_spec(peer, bench.folder, free_port(), config.peers_dir,
+                     config.peer_ready_timeout_s)
+    script = Path(spec.command[1])
+    if not script.is_file():
+        return _record(bench, RunOutcome.failed(peer, f"peer script {script} not found"))
+    note = "" if (config.dtype, config.max_model_len) == ("bfloat16", 2048) else (
+        "peer serves bfloat16, max model len 2048 (its script's settings)")
+    return _run(bench, spec, (bench.interactive, bench.batch), slo_s, "", note=note)
+
+
+def _run(bench: _Bench, spec: ServerSpec, tenants: tuple[TenantSpec, ...],
+         slo_s: float | None, admin_key: str, note: str) -> RunOutcome:
+    run_dir = bench.config.out / "runs" / spec.name
+    mixed = len(tenants) > 1
+    # NOTE: the SLO is the interactive tenant's only; every server is held to it.
+    tenants = tuple(replace(t, slo_s=slo_s) if t.name == INTERACTIVE else t for t in tenants)
+    replay_config = ReplayConfig(
+        url=spec.url, tenants=tenants, model=spec.model,
+        duration_s=bench.duration_s if mixed else None,
+        drain_timeout_s=bench.config.drain_timeout_s,
+        request_timeout_s=bench.config.request_timeout_s, admin_key=admin_key,
+        dialect=spec.dialect, warmup_requests=bench.config.warmup_requests,
+        handle_signals=True)
+    print(f"bench: {spec.name}: starting {shlex.join(spec.command)}", flush=True)
+    try:
+        with RunningServer(spec, run_dir / "server.log") as server:
+            server.wait_ready()
+            print(f"bench: {spec.name}: ready, replaying", flush=True)
+            result = asyncio.run(replay(replay_config, bench.prompt))
+    except (ServerError, RuntimeError, OSError) as exc:
+        return _record(bench, RunOutcome.failed(spec.name, str(exc), note))
+    report = write_report(result, run_dir)
+    write_plots(result, run_dir, {INTERACTIVE: slo_s})
+    if result.interrupted:
+        note = "; ".join(filter(None, [note, "interrupted: partial run"]))
+    outcome = _record(bench, RunOutcome(spec.name, summarize_run(report, INTERACTIVE, BATCH),
+                                        note=note, result=result,
+                                        report_path=run_dir / "report.md"))
+    if result.interrupted:
+        raise KeyboardInterrupt
+    return outcome
+
+
+def _record(bench: _Bench, outcome: RunOutcome) -> RunOutcome:
+    bench.outcomes[outcome.name] = outcome
+    status = "ok" if outcome.ok else f"FAILED: {outcome.reason}"
+    print(f"bench: {outcome.name}: {status}", flush=True)
+    return outcome
+
+
+def _write(bench: _Bench, slo_s: float | None, slo_source: str,
+           arrivals: list[TraceRequest], times: dict[str, str]) -> dict[str, Any]:
+    config = bench.config
+    doc = {
+        **times,
+        "config": {k: (str(v) if isinstance(v, Path) else v)
+                   for k, v in asdict(config).items()},
+        "model_folder": str(bench.folder),
+        "interactive_requests": len(arrivals),
+        "mixed_duration_s": bench.duration_s,
+        "slo_s": slo_s,
+        "slo_source": slo_source,
+        "interrupted": bench.interrupted,
+        "runs": {name: o.to_json() for name, o in bench.outcomes.items()},
+    }
+    (config.out / "bench.json").write_text(json.dumps(doc, indent=2) + "\n")
+    markdown = format_bench_markdown(doc, bench.outcomes, config.policies, config.peers)
+    (config.out / "bench.md").write_text(markdown)
+    write_bench_plots(bench.outcomes, config.out, slo_s, INTERACTIVE)
+    return doc

@@ -1,0 +1,175 @@
+"""The bench's headline: one row per run, ratios to fcfs, the goals checked, overlay plots."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from loadgen.plots import idle_slices, plot_cdf
+from loadgen.replay import ReplayResult
+
+BASELINE = "fcfs"
+_REASON_CHARS = 240
+_NUM_COLUMNS = 10
+
+
+@dataclass(slots=True)
+class RunOutcome:
+    """One run of the bench: its headline figures, or why it did not run."""
+
+    name: str
+    summary: dict[str, Any] = field(default_factory=dict)
+    reason: str | None = None  # why the run failed; None when it ran
+    note: str = ""
+    result: ReplayResult | None = None
+    report_path: Path | None = None
+
+    @classmethod
+    def failed(cls, name: str, reason: str, note: str = "") -> RunOutcome:
+        return cls(name, reason=reason, note=note)
+
+    @property
+    def ok(self) -> bool:
+        return self.reason is None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"status": "ok" if self.ok else "failed", "reason": self.reason,
+                "note": self.note, "report": str(self.report_path or ""), **self.summary}
+
+
+def summarize_run(report: Mapping[str, Any], hp: str, lp: str) -> dict[str, Any]:
+    """The headline figures of one run's report (JSON keys as the scheduler's policies bench)."""
+    tenants = report["tenants"]
+    high, low = tenants.get(hp), tenants.get(lp)
+    devices = report["devices"]
+    return {
+        "hp_requests": high["num_requests"] if high else 0,
+        "hp_slo_attainment": high["slo_attainment"] if high else None,
+        "hp_ttft_p50_s": high["ttft_s"]["p50"] if high else None,
+        "hp_ttft_p90_s": high["ttft_s"]["p90"] if high else None,
+        "hp_ttft_p99_s": high["ttft_s"]["p99"] if high else None,
+        "hp_errors": high["num_errors"] if high else 0,
+        "lp_tok_s": low["output_tok_s"] if low else 0.0,
+        "total_tok_s": report["total"]["output_tok_s"],
+        "errors": report["total"]["num_errors"],
+        "busy_fraction": devices.get("busy_fraction_mean") if devices["available"] else None,
+    }
+
+
+def _ratio(value: float | None, base: float | None) -> str:
+    if value is None or not base:
+        return "–"
+    return f"{value / base:.2f}×"
+
+
+def _fmt(value: float | None, spec: str, scale: float = 1.0) -> str:
+    return "–" if value is None else format(value * scale, spec)
+
+
+def _row(outcome: RunOutcome, base: Mapping[str, Any] | None) -> str:
+    if not outcome.ok:
+        reason = " ".join((outcome.reason or "").split())[:_REASON_CHARS]
+        return f"| {outcome.name} | did not run: {reason} " + "|" * (_NUM_COLUMNS - 1)
+    s, b = outcome.summary, base or {}
+    return (
+        f"| {outcome.name} | {_fmt(s['hp_slo_attainment'], '.1%')} ({s['hp_requests']}) "
+        f"| {_fmt(s['hp_ttft_p50_s'], '.0f', 1000)} / {_fmt(s['hp_ttft_p99_s'], '.0f', 1000)} "
+        f"| {s['lp_tok_s']:.1f} | {_ratio(s['lp_tok_s'], b.get('lp_tok_s'))} "
+        f"| {s['total_tok_s']:.1f} | {_ratio(s['total_tok_s'], b.get('total_tok_s'))} "
+        f"| {_fmt(s['busy_fraction'], '.0%')} | {s['errors']} | {outcome.note} |")
+
+
+def headline_table(outcomes: Mapping[str, RunOutcome], order: Sequence[str],
+                   missing: str = "not requested (see --peers)") -> list[str]:
+    """Markdown rows, one per run in ``order`` (``missing`` says why one is absent); ratios to
+    the fcfs run."""
+    base_run = outcomes.get(BASELINE)
+    base = base_run.summary if base_run is not None and base_run.ok else None
+    lines = [
+        "| run | interactive SLO attained (requests) | interactive TTFT p50 / p99 ms "
+        "| batch tok/s | batch × fcfs | total tok/s | total × fcfs | busy | errors | note |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for name in order:
+        outcome = outcomes.get(name) or RunOutcome.failed(name, missing)
+        lines.append(_row(outcome, base))
+    return lines
+
+
+def _at_least(value: float | None, base: float | None, factor: float) -> bool | None:
+    return None if value is None or base is None else value >= factor * base
+
+
+def goal_lines(outcomes: Mapping[str, RunOutcome]) -> list[str]:
+    """The issue's goals for ``slice``, each checked where the runs it needs succeeded."""
+    ran = {name: o.summary for name, o in outcomes.items() if o.ok}
+    sl = ran.get("slice")
+    if sl is None:
+        return ["- slice did not run: no goal can be checked."]
+
+    def other(run: str, key: str) -> float | None:
+        return ran[run][key] if run in ran else None
+
+    attained, n = sl["hp_slo_attainment"], sl["hp_requests"]
+    vllm_attained = other("vllm", "hp_slo_attainment")
+    checks: list[tuple[str, bool | None]] = [
+        (f"interactive SLO attainment {_fmt(attained, '.1%')} >= 99% over {n} (>= 300) "
+         "requests", None if attained is None else attained >= 0.99 and n >= 300),
+        (f"total tok/s >= 0.95x fcfs ({_ratio(sl['total_tok_s'], other('fcfs', 'total_tok_s'))})",
+         _at_least(sl["total_tok_s"], other("fcfs", "total_tok_s"), 0.95)),
+        (f"batch tok/s >= 1.5x static ({_ratio(sl['lp_tok_s'], other('static', 'lp_tok_s'))})",
+         _at_least(sl["lp_tok_s"], other("static", "lp_tok_s"), 1.5)),
+        (f"interactive SLO attainment above vLLM's ({_fmt(vllm_attained, '.1%')})",
+         None if attained is None or vllm_attained is None else attained > vllm_attained),
+        (f"total tok/s >= vLLM's ({_ratio(sl['total_tok_s'], other('vllm', 'total_tok_s'))})",
+         _at_least(sl["total_tok_s"], other("vllm", "total_tok_s"), 1.0)),
+    ]
+    marks = {True: "met", False: "MISSED", None: "not checked (a run it needs is missing)"}
+    return [f"- slice: {text}: {marks[ok]}" for text, ok in checks]
+
+
+def format_bench_markdown(doc: Mapping[str, Any], outcomes: Mapping[str, RunOutcome],
+                          policies: Sequence[str], peers: Sequence[str]) -> str:
+    """The bench report: setup, the headline table, the goals, and links to each run."""
+    slo = doc["slo_s"]
+    requested = [*policies, *peers]
+    table = headline_table(outcomes, requested, "the bench was interrupted before this run")
+    if "vllm" not in requested:
+        table += headline_table(outcomes, ["vllm"])[2:]
+    lines = [
+        "# slicegate bench", "",
+        f"{doc['started_at']} to {doc['finished_at']}"
+        + (" (interrupted)" if doc["interrupted"] else "") + f": `{doc['command']}`", "",
+        f"Model {doc['config']['model']} ({doc['model_folder']}), "
+        f"{doc['config']['dtype']}, max model len {doc['config']['max_model_len']}; "
+        f"devices {doc['config']['devices'] or 'server default'}.",
+        f"Interactive: {doc['config']['interactive']} ({doc['interactive_requests']} requests); "
+        f"batch: {doc['config']['batch']}; mixed runs send for {doc['mixed_duration_s']:.1f} s.",
+        f"Interactive TTFT SLO: {_fmt(slo, '.0f', 1000)} ms ({doc['slo_source']}).", "",
+        *table, "",
+        "## Goals", "", *goal_lines(outcomes), "",
+        "## Runs", "",
+    ]
+    for name, outcome in outcomes.items():
+        where = outcome.report_path or "no report"
+        lines.append(f"- {name}: {where}" + ("" if outcome.ok else f" (failed: {outcome.reason})"))
+    return "\n".join(lines) + "\n"
+
+
+def write_bench_plots(outcomes: Mapping[str, RunOutcome], out: Path, slo_s: float | None,
+                      hp: str) -> list[Path]:
+    """Overlay plots of every run that ran: interactive TTFT CDF and idle-slice CDF."""
+    ran = {name: o.result for name, o in outcomes.items() if o.ok and o.result is not None}
+    ttft = {name: [t for r in result.records if r.tenant == hp and (t := r.ttft_s) is not None]
+            for name, result in ran.items()}
+    idle = {name: [s for slices in idle_slices(result).values() for s in slices]
+            for name, result in ran.items() if result.spans}
+    marks = {"SLO": slo_s} if slo_s is not None else {}
+    return [
+        plot_cdf(ttft, out / "bench_ttft_cdf.png", xlabel="interactive TTFT (s)",
+                 title="Interactive TTFT by run", marks=marks),
+        plot_cdf(idle, out / "bench_idle_slices_cdf.png", xlabel="idle slice (s)",
+                 title="Idle slices between operators by run", log_x=True),
+    ]
