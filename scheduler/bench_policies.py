@@ -234,11 +234,16 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     p.add_argument("--hp-requests", type=int, default=Workload().hp_requests)
     p.add_argument("--rate-scale", type=float, default=Workload().rate_scale)
     p.add_argument("--lone-repeats", type=int, default=3)
+    p.add_argument("--lone-only", action="store_true", help="only the lone-prefill rows")
     p.add_argument("--json", type=Path, default=None)
     a = p.parse_args(argv)
     w = Workload(hp_requests=a.hp_requests, rate_scale=a.rate_scale)
     model = load(a.model, dtype=a.dtype)
     est = load_or_profile(model, parse_devices(a.devices, a.device_memory_gib))
+    if a.lone_only:
+        lone = _lone_rows(model, est, a.devices, a.device_memory_gib, a.lone_repeats)
+        _print({}, float("nan"), lone)
+        return {"lone_prefill": lone}
     alone = run_policy(model, est, "static", w, a.devices, a.device_memory_gib, None,
                        with_lp=False)
     slo = _pct(alone.hp_ttft_s, 90)
