@@ -49,6 +49,7 @@ async def test_openai_sync_client(live: LiveServer) -> None:
     assert streamed == chat.choices[0].message.content
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4
     assert [m.id for m in client.models.list()] == ["tiny"]
+    client.close()
 
 
 async def test_openai_async_client(live: LiveServer) -> None:
@@ -74,8 +75,10 @@ async def test_openai_client_errors(live: LiveServer) -> None:
     assert bad.value.param == "n" and bad.value.code == "unsupported_parameter"
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="gpt-4", prompt="x")
-    with pytest.raises(openai.AuthenticationError):
-        openai.OpenAI(base_url=f"{live.url}/v1", api_key="nope", max_retries=0).models.list()
+    with (pytest.raises(openai.AuthenticationError),
+          openai.OpenAI(base_url=f"{live.url}/v1", api_key="nope", max_retries=0) as bad_key):
+        bad_key.models.list()
+    client.close()
 
 
 async def test_aborted_streams_free_every_kv_block(make_engine: EngineFactory) -> None:

@@ -99,6 +99,8 @@ async def test_openai_clients_sync_async_streaming(server: Server) -> None:
         model="tiny-random", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
         stream=True, stream_options={"include_usage": True})]
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens <= 4
+    client.close()
+    await aclient.close()
 
 
 async def test_two_hundred_aborted_streams_leave_no_kv(server: Server) -> None:
