@@ -1,0 +1,184 @@
+"""Estimators: least-squares fit and online RLS on synthetic data, lookup rules, persistence."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+import scheduler.profiling as profiling
+from executors.types import OpInstance, OpRole, OpState, Priority
+from models.batch import BatchShape
+from models.loader import load
+from scheduler.estimators import Estimators, op_features
+from scheduler.profiling import Sweep, load_or_profile
+
+# true seconds per num_tokens, attn_work, num_seqs, num_sampled, num_context_tokens, const
+TRUE_LAYERS = (8e-5, 1.6e-7, 2e-5, 0.0, 3e-7, 3e-3)
+TRUE_XFER = (2e-11, 1.5e-6)  # per byte, const
+
+
+def _shapes(n: int, seed: int = 0) -> list[BatchShape]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        if rng.random() < 0.5:  # a prefill, maybe a chunk on top of KV
+            t, past = rng.randint(4, 400), rng.choice([0, 0, rng.randint(16, 400)])
+            out.append(BatchShape(t, 1, 1, t * (t + past), t + past))
+        else:  # a decode batch
+            b, ctx = rng.randint(1, 32), rng.randint(16, 512)
+            out.append(BatchShape(b, b, b, b * ctx, b * ctx))
+    return out
+
+
+def _time(shape: BatchShape, coef: tuple[float, ...], rng: random.Random,
+          noise: float = 0.001) -> float:
+    t = sum(c * x for c, x in zip(coef, op_features(shape), strict=True))
+    return t * (1 + rng.gauss(0, noise))
+
+
+def _close(got: tuple[float, ...], want: tuple[float, ...], rel: float) -> None:
+    scale = [abs(w) for w in want]
+    for g, w, s in zip(got, want, scale, strict=True):
+        assert g == pytest.approx(w, rel=rel, abs=1e-3 * max(scale) if s == 0 else 0)
+
+
+def test_batch_fit_recovers_known_coefficients() -> None:
+    rng = random.Random(1)
+    shapes = _shapes(200)
+    est = Estimators({"cpu:0": "cpu"})
+    fitted = est.fit_op("cpu", "layers[0:5]", shapes, [_time(s, TRUE_LAYERS, rng) for s in shapes])
+    _close(fitted.coef, TRUE_LAYERS, rel=0.05)
+    s = shapes[0]
+    assert est.op_time("cpu:0", "layers[0:5]", s) == pytest.approx(
+        sum(c * x for c, x in zip(TRUE_LAYERS, op_features(s), strict=True)), rel=0.01)
+
+
+def test_rls_learns_online_and_tracks_mape() -> None:
+    rng = random.Random(2)
+    est = Estimators({"cpu:0": "cpu"})
+    shapes = _shapes(400, seed=3)
+    for s in shapes[:200]:
+        est.observe_op("cpu:0", "layers[0:5]", s, _time(s, TRUE_LAYERS, rng))
+    early = est.mape()["cpu/layers[0:5]"]
+    est.reset_errors()
+    for s in shapes[200:]:
+        est.observe_op("cpu:0", "layers[0:5]", s, _time(s, TRUE_LAYERS, rng))
+    late = est.mape()["cpu/layers[0:5]"]
+    assert late < 0.01 < early  # the first predictions (from nothing) were far off
+    _close(est.ops[("cpu", "layers[0:5]")].coef, TRUE_LAYERS, rel=0.1)
+
+
+def test_rls_tracks_a_slowdown() -> None:
+    rng = random.Random(4)
+    shapes = _shapes(1100, seed=5)
+    est = Estimators({"cpu:0": "cpu"})  # forgetting 0.998: ~500 samples of memory
+    est.fit_op("cpu", "layers[0:5]", shapes[:100], [_time(s, TRUE_LAYERS, rng)
+                                                    for s in shapes[:100]])
+    slower = tuple(1.5 * c for c in TRUE_LAYERS)
+    for s in shapes[100:]:
+        est.observe_op("cpu:0", "layers[0:5]", s, _time(s, slower, rng))
+    probe = shapes[0]
+    assert est.op_time("cpu:0", "layers[0:5]", probe) == pytest.approx(
+        _time(probe, slower, rng, noise=0), rel=0.05)
+
+
+def test_freeze_scores_without_learning() -> None:
+    rng = random.Random(6)
+    shapes = _shapes(50, seed=7)
+    est = Estimators({"cpu:0": "cpu"})
+    est.fit_op("cpu", "head", shapes, [1e-3 + 1e-4 * s.num_sampled for s in shapes])
+    before = est.ops[("cpu", "head")].coef
+    est.freeze()
+    ape = est.observe_op("cpu:0", "head", shapes[0], 1.0)
+    assert est.ops[("cpu", "head")].coef == before and ape > 0.9
+    assert est.mape() == {"cpu/head": ape}
+    est.unfreeze()
+    est.observe_op("cpu:0", "head", shapes[0], _time(shapes[0], before, rng))
+    assert est.ops[("cpu", "head")].num_obs == 2
+
+
+def test_cpu_devices_share_a_kind_and_unseen_groups_start_from_seen_ones() -> None:
+    rng = random.Random(8)
+    shapes = _shapes(100, seed=9)
+    est = Estimators({"cuda:0": "NVIDIA H200"})
+    est.fit_op("cpu", "layers[0:2]", shapes, [_time(s, TRUE_LAYERS, rng) for s in shapes])
+    s = shapes[1]
+    base = est.op_time("cpu:0", "layers[0:2]", s)
+    assert est.op_time("cpu:1", "layers[0:2]", s) == base
+    assert est.op_time("cpu:3", "layers[2:4]", s) == base  # same size: same cost
+    assert est.op_time("cpu:0", "layers[4:5]", s) == pytest.approx(base / 2)
+    assert est.kind_of("cpu:7") == "cpu" and est.kind_of("cuda:0") == "NVIDIA H200"
+    with pytest.raises(KeyError):
+        est.op_time("cuda:0", "layers[0:2]", s)  # that kind was never profiled
+    with pytest.raises(KeyError):
+        est.op_time("cpu:0", "embed", s)
+
+
+def _done(op: OpInstance, seconds: float) -> OpInstance:
+    op.state, op.start, op.end = OpState.DONE, 10.0, 10.0 + seconds
+    return op
+
+
+def test_transfers_fall_back_to_their_kind_pair_and_observe_routes_by_role() -> None:
+    rng = random.Random(10)
+    sizes = [rng.randint(1_000, 5_000_000) for _ in range(40)]
+    est = Estimators()
+    est.fit_transfer("cpu", "cpu", sizes, [TRUE_XFER[0] * b + TRUE_XFER[1] for b in sizes])
+    assert est.transfer_time("cpu:0", "cpu:1", 1_000_000) == pytest.approx(
+        TRUE_XFER[0] * 1e6 + TRUE_XFER[1], rel=1e-3)
+    shape = BatchShape(8, 1, 1, 64, 8)
+    recv = OpInstance(1, "recv", OpRole.RECV, -1, "cpu:1", Priority.HIGH, shape, ("r",),
+                      transfer_bytes=1_000_000)
+    send = OpInstance(2, "send", OpRole.SEND, -1, "cpu:0", Priority.HIGH, shape, ("r",),
+                      peer=recv, transfer_bytes=1_000_000)
+    assert est.estimate(send) == est.transfer_time("cpu:0", "cpu:1", 1_000_000)
+    assert est.observe(_done(recv, 1e-6)) is None
+    assert est.observe(_done(send, 3e-5)) == pytest.approx(abs(21.5e-6 - 3e-5) / 3e-5, rel=1e-3)
+    assert ("cpu:0", "cpu:1") in est.transfers  # the exact pair now refits on its own
+    assert "transfer cpu:0->cpu:1" in est.mape()
+    failed = OpInstance(3, "embed", OpRole.COMPUTE, 0, "cpu:0", Priority.LOW, shape, ("r",))
+    failed.state = OpState.FAILED
+    assert est.observe(failed) is None
+
+
+def test_json_round_trip_keeps_predictions_and_errors() -> None:
+    rng = random.Random(11)
+    shapes = _shapes(60, seed=12)
+    est = Estimators()
+    est.fit_op("cpu", "layers[0:2]", shapes, [_time(s, TRUE_LAYERS, rng) for s in shapes])
+    est.fit_transfer("cpu", "cpu", [10, 10_000, 1_000_000], [1e-6, 2e-6, 2e-5])
+    est.observe_op("cpu:0", "layers[0:2]", shapes[0], 0.01)
+    est.meta = {"model": "x"}
+    back = Estimators.from_json(est.to_json())
+    for s in shapes:
+        assert back.op_time("cpu:1", "layers[0:2]", s) == est.op_time("cpu:1", "layers[0:2]", s)
+    assert back.transfer_time("cpu:0", "cpu:2", 5000) == est.transfer_time("cpu:0", "cpu:2", 5000)
+    assert back.mape() == est.mape() and back.meta == {"model": "x"}
+
+
+def test_profile_is_cached_on_disk(tiny_model_dir: Path, tmp_path: Path,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    model = load(tiny_model_dir, dtype="float32", layers_per_group=2)
+    sweep = Sweep(prefill_tokens=(4, 12), chunks=((4, 8),), decode_batches=(1, 3),
+                  decode_contexts=(8, 24), transfer_tokens=(1, 8, 32), repeats=1)
+    calls: list[int] = []
+    real = profiling.profile
+
+    def counting(*a: object, **kw: object) -> Estimators:
+        calls.append(1)
+        return real(*a, **kw)  # type: ignore[arg-type]
+    monkeypatch.setattr(profiling, "profile", counting)
+    first = load_or_profile(model, ["cpu:0", "cpu:1"], tmp_path, sweep)
+    again = load_or_profile(model, ["cpu:0", "cpu:1"], tmp_path, sweep)
+    assert len(calls) == 1 and len(list((tmp_path / "estimators").glob("*.json"))) == 1
+    shape = BatchShape(5, 1, 1, 25, 5)
+    for t in model.template.ops:
+        assert again.op_time("cpu:1", t.name, shape) == first.op_time("cpu:0", t.name, shape) > 0
+    assert again.transfer_time("cpu:1", "cpu:0", 4096) == first.transfer_time("cpu:0", "cpu:1",
+                                                                               4096) > 0
+    load_or_profile(model, ["cpu:0"], tmp_path, sweep, refresh=True)
+    other = load(tiny_model_dir, dtype="float32", layers_per_group=1)
+    load_or_profile(other, ["cpu:0"], tmp_path, sweep)
+    assert len(calls) == 3 and len(list((tmp_path / "estimators").glob("*.json"))) == 2
