@@ -61,8 +61,6 @@ class KVManager:
         total = sum(p.allocator.num_blocks for p in self.pools.values())
         return sum(p.allocator.num_used for p in self.pools.values()) / max(1, total)
 
-    def free_blocks(self, device: str) -> int:
-        return self.pools[device].allocator.num_free
 
     def used_blocks(self) -> int:
         return sum(p.allocator.num_used for p in self.pools.values())

@@ -57,12 +57,7 @@ class RequestState:
         """More than one token still to feed: a prompt (or a recompute after preemption)."""
         return self.num_tokens - self.num_computed > 1
 
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_len + self.req.max_tokens
 
-    def all_tokens(self) -> list[int]:
-        return self.req.prompt_token_ids + self.output_ids
 
     def next_chunk(self, max_tokens: int) -> list[int]:
         """Tokens to feed next: a chunk of what is not in KV yet (the last token when decoding)."""
