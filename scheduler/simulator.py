@@ -1,18 +1,22 @@
 """What-if simulation of the GMG: a pure function of a snapshot and a candidate.
 
-Each device runs one op at a time; a free device picks among its ready ops
-with `executors.dispatch.pick_next`, the rule the executors use. Time
-advances to the earliest completion (heap entries `(time, priority, seq,
-op)`), completed ops release their successors, and so on until every op is
-done. Op durations are the estimates the ops carry.
+Each device runs one op at a time; a free device picks among its ready ops by
+`executors.dispatch.dispatch_key`, the key whose minimum is the executors'
+`pick_next`. Time advances to the earliest completion (heap entries `(time,
+priority, seq, op)`), completed ops release their successors, and so on until
+every op is done. Op durations are the estimates the ops carry.
+
+NOTE: this is the scheduler's hot loop (every candidate of every round runs it), so it
+works on flat lists indexed by position and keeps each device's ready ops in a heap of
+`dispatch_key`s: popping that heap is `pick_next` without a scan of the ready list.
 """
 
 from __future__ import annotations
 
-import heapq
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from heapq import heappop, heappush
 
-from executors.dispatch import pick_next
+from executors.dispatch import dispatch_key
 from scheduler.gmg import SimOp, Snapshot
 
 
@@ -38,100 +42,115 @@ class Prediction:
 
 
 @dataclass(slots=True)
-class _Sim:
-    now: float
-    ops: dict[int, SimOp]
-    waiting: dict[int, int]  # op id -> unfinished deps
-    succ: dict[int, list[int]]
-    ready: dict[str, list[SimOp]]  # device -> ready ops
-    busy: dict[str, bool]
-    mem: dict[str, int]
-    pred: Prediction
-    heap: list[tuple[float, int, int, int]]
-    seq: int = 0
+class _Graph:
+    """The ops of a snapshot plus a candidate, flattened: op i is `ops[i]`."""
+
+    ops: list[SimOp]
+    devices: list[str]  # dispatch order: the snapshot's devices, then any others
+    dev: list[int]  # op -> device index
+    succ: list[list[int]]
+    waiting: list[int]  # op -> unfinished deps
 
 
-def _init(snapshot: Snapshot, candidate: Candidate) -> _Sim:
-    now = snapshot.now
-    new = [replace(o, ready_floor=max(o.ready_floor, now), issued_at=now) for o in candidate.ops]
-    ops = {o.op_id: o for o in (*snapshot.ops, *new)}
-    succ: dict[int, list[int]] = {i: [] for i in ops}
-    waiting = {}
-    for o in ops.values():
-        deps = [d for d in o.deps if d in ops]
-        waiting[o.op_id] = len(deps)
-        for d in deps:
-            succ[d].append(o.op_id)
-    mem = {d.name: d.reserved_bytes + candidate.kv_bytes.get(d.name, 0)
-           for d in snapshot.devices}
-    pred = Prediction({}, {}, {}, dict(mem), False, now)
+def _graph(snapshot: Snapshot, candidate: Candidate) -> _Graph:
+    ops = [*snapshot.ops, *candidate.ops]
+    index = {o.op_id: i for i, o in enumerate(ops)}
     names = [d.name for d in snapshot.devices]
-    devices = names + sorted({o.device for o in ops.values()} - set(names))  # dispatch order
-    return _Sim(now, ops, waiting, succ, {d: [] for d in devices}, dict.fromkeys(devices, False),
-                mem, pred, [])
+    devices = names + sorted({o.device for o in ops} - set(names))
+    where = {d: k for k, d in enumerate(devices)}
+    succ: list[list[int]] = [[] for _ in ops]
+    waiting = [0] * len(ops)
+    for i, o in enumerate(ops):
+        for d in o.deps:
+            j = index.get(d)
+            if j is not None:
+                waiting[i] += 1
+                succ[j].append(i)
+    return _Graph(ops, devices, [where[o.device] for o in ops], succ, waiting)
 
 
-def _start(sim: _Sim, op: SimOp, t: float) -> None:
-    sim.busy[op.device] = True
-    sim.pred.start[op.op_id] = t
-    sim.mem[op.device] = sim.mem.get(op.device, 0) + op.mem_bytes
-    sim.pred.peak_bytes[op.device] = max(sim.pred.peak_bytes.get(op.device, 0),
-                                         sim.mem[op.device])
-    sim.seq += 1
-    heapq.heappush(sim.heap, (t + op.est_s, int(op.priority), sim.seq, op.op_id))
-
-
-def _dispatch(sim: _Sim, device: str, t: float) -> None:
-    if sim.busy[device] or not sim.ready[device]:
-        return
-    op = pick_next(sim.ready[device])
-    assert op is not None
-    sim.ready[device].remove(op)
-    _start(sim, op, t)
-
-
-def _seed(sim: _Sim) -> None:
-    """Running ops first (remaining time), then ready ops in dispatch order."""
-    for o in sim.ops.values():
-        if o.start is not None:
-            sim.busy[o.device] = True
-            sim.pred.start[o.op_id] = o.start
-            end = max(sim.now, o.start + o.est_s)
-            sim.mem[o.device] = sim.mem.get(o.device, 0) + o.mem_bytes
-            sim.seq += 1
-            heapq.heappush(sim.heap, (end, int(o.priority), sim.seq, o.op_id))
-        elif sim.waiting[o.op_id] == 0:
-            sim.ready[o.device].append(o)
-    for d in sim.ready:
-        _dispatch(sim, d, sim.now)
-
-
-def _complete(sim: _Sim, op: SimOp, t: float) -> None:
-    sim.busy[op.device] = False
-    sim.pred.finish[op.op_id] = t
-    sim.mem[op.device] -= op.mem_bytes
-    for rid in op.first_token_of:
-        sim.pred.first_token[rid] = t
-    for s in sim.succ[op.op_id]:
-        sim.waiting[s] -= 1
-        if sim.waiting[s] == 0:
-            nxt = sim.ops[s]
-            sim.ready[nxt.device].append(replace(nxt, ready_floor=max(nxt.ready_floor, t)))
+def _keys(g: _Graph, snapshot: Snapshot, candidate: Candidate) -> list[tuple]:
+    """Each op's dispatch key with its position appended; candidate ops are issued now."""
+    keys = [(*dispatch_key(o), i) for i, o in enumerate(snapshot.ops)]
+    base = len(keys)
+    now = snapshot.now
+    keys += [(int(o.priority), now, o.op_id, base + i) for i, o in enumerate(candidate.ops)]
+    return keys
 
 
 def simulate(snapshot: Snapshot, candidate: Candidate | None = None) -> Prediction:
     """Predict when every op in flight (and the candidate's) starts and finishes."""
-    sim = _init(snapshot, candidate or Candidate(()))
-    _seed(sim)
-    t = sim.now
-    while sim.heap:
-        t, _, _, op_id = heapq.heappop(sim.heap)
-        op = sim.ops[op_id]
-        _complete(sim, op, t)
-        _dispatch(sim, op.device, t)
-        for s in sim.succ[op_id]:
-            _dispatch(sim, sim.ops[s].device, t)
-    sim.pred.end = t
+    cand = candidate or Candidate(())
+    g = _graph(snapshot, cand)
+    keys = _keys(g, snapshot, cand)
+    ops, dev, succ, waiting = g.ops, g.dev, g.succ, g.waiting
+    dur = [o.est_s for o in ops]
+    mem_of = [o.mem_bytes for o in ops]
+    n_dev = len(g.devices)
+    views = {d.name: d for d in snapshot.devices}
+    mem = [views[d].reserved_bytes + cand.kv_bytes.get(d, 0) if d in views else 0
+           for d in g.devices]
+    peak = list(mem)
+    busy = [False] * n_dev
+    ready: list[list[tuple]] = [[] for _ in range(n_dev)]
+    start: list[float | None] = [None] * len(ops)
+    finish: list[float | None] = [None] * len(ops)
+    events: list[tuple[float, int, int, int]] = []
+    now = snapshot.now
+    seq = 0
+    for i, o in enumerate(ops):  # running ops first (remaining time), then ready ops
+        if o.start is not None:
+            d = dev[i]
+            busy[d] = True
+            start[i] = o.start
+            mem[d] += mem_of[i]
+            peak[d] = max(peak[d], mem[d])
+            seq += 1
+            heappush(events, (max(now, o.start + dur[i]), keys[i][0], seq, i))
+        elif waiting[i] == 0:
+            heappush(ready[dev[i]], keys[i])
+    for d in range(n_dev):
+        if not busy[d] and ready[d]:
+            i = heappop(ready[d])[-1]
+            busy[d] = True
+            start[i] = now
+            mem[d] += mem_of[i]
+            peak[d] = max(peak[d], mem[d])
+            seq += 1
+            heappush(events, (now + dur[i], keys[i][0], seq, i))
+    first_token: dict[str, float] = {}
+    t = now
+    while events:
+        t, _, _, i = heappop(events)
+        d = dev[i]
+        busy[d] = False
+        finish[i] = t
+        mem[d] -= mem_of[i]
+        if ops[i].first_token_of:
+            for rid in ops[i].first_token_of:
+                first_token[rid] = t
+        woken = [d]
+        for s in succ[i]:
+            waiting[s] -= 1
+            if waiting[s] == 0:
+                heappush(ready[dev[s]], keys[s])
+                woken.append(dev[s])
+        for d in woken:  # the op's own device first, then its successors' (as the executors)
+            if busy[d] or not ready[d]:
+                continue
+            j = heappop(ready[d])[-1]
+            busy[d] = True
+            start[j] = t
+            mem[d] += mem_of[j]
+            if mem[d] > peak[d]:
+                peak[d] = mem[d]
+            seq += 1
+            heappush(events, (t + dur[j], keys[j][0], seq, j))
     caps = {d.name: d.capacity_bytes for d in snapshot.devices}
-    sim.pred.oom = any(sim.pred.peak_bytes.get(d, 0) > c for d, c in caps.items())
-    return sim.pred
+    peak_bytes = dict(zip(g.devices, peak, strict=True))
+    ids = [o.op_id for o in ops]
+    return Prediction(
+        {ids[i]: s for i, s in enumerate(start) if s is not None},
+        {ids[i]: f for i, f in enumerate(finish) if f is not None},
+        first_token, peak_bytes,
+        any(peak_bytes.get(d, 0) > c for d, c in caps.items()), t)
