@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from executors.types import Priority
 from scheduler.config import SchedulerConfig
-from scheduler.gmg import GMG
+from scheduler.gmg import GMG, Snapshot
 from scheduler.ieg import BoundedQueues
 from scheduler.kv import KVManager
 from scheduler.plan import Builder, Feed, Plan
+from scheduler.simulator import Prediction, simulate
 from scheduler.state import Placement, RequestState
 
 
@@ -34,10 +35,42 @@ class RoundContext:
     prefill_inflight: dict[tuple[str, Priority], int]  # (device, class) -> prefill plans
     decode_inflight: set[Placement]  # placements with a decode step in flight
     tightest_slo_s: float  # smallest TTFT SLO among requests seen (sizes low-priority chunks)
+    # NOTE: the GMG changes within a round only through issue/admit/preempt, so what is
+    # derived from it is computed once and dropped by those three.
+    _snap: Snapshot | None = field(default=None, repr=False)
+    _base: Prediction | None = field(default=None, repr=False)
+    _load: dict[str, float] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.issue = self._dropping_cache(self.issue)
+        self.admit = self._dropping_cache(self.admit)
+        self.preempt = self._dropping_cache(self.preempt)
+
+    def _dropping_cache(self, fn: Callable) -> Callable:
+        def call(*args: object) -> None:
+            fn(*args)
+            self._snap = self._base = self._load = None
+        return call
+
+    def snapshot(self) -> Snapshot:
+        """The GMG as of this round (cached until the policy changes it)."""
+        if self._snap is None:
+            self._snap = self.gmg.snapshot(self.now)
+        return self._snap
+
+    def baseline(self, sim: Callable[[Snapshot], Prediction] = simulate) -> Prediction:
+        """The simulation of the GMG with no new batch (cached like `snapshot`)."""
+        if self._base is None:
+            self._base = sim(self.snapshot())
+        return self._base
 
     def load(self, device: str) -> float:
         """Estimated seconds of work queued or running on `device`."""
-        return sum(op.est_s for op in self.gmg.scheduled.values() if op.device == device)
+        if self._load is None:
+            self._load = dict.fromkeys(self.devices, 0.0)
+            for op in self.gmg.scheduled.values():
+                self._load[op.device] = self._load.get(op.device, 0.0) + op.est_s
+        return self._load.get(device, 0.0)
 
     def prefills(self, device: str, priority: Priority | None = None) -> int:
         """Prefill plans in flight on `device` (of one class, or of all)."""

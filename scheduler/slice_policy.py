@@ -100,7 +100,7 @@ class SlicePolicy:
         devices, apart from the other requests' batches; it is worth that only when no
         single device would meet the deadline (or when the request has none).
         """
-        snap = ctx.gmg.snapshot(ctx.now)
+        snap = ctx.snapshot()
         deadline = s.req.ttft_deadline
         best: Scored | None = None
         for placement, chunks in self._candidates(ctx, s):
@@ -207,11 +207,11 @@ class SlicePolicy:
         NOTE: KV pools are reserved whole at start-up and admission is checked against
         them, so the simulated memory that can overflow is activations.
         """
-        snap = ctx.gmg.snapshot(ctx.now)
+        snap = ctx.snapshot()
         if not snap.deadlines:
             return True
         built = ctx.builder.build(plan, tensors=False)
-        base, pred = _simulate(snap), _simulate(snap, to_candidate(built, {}))
+        base, pred = ctx.baseline(_simulate), _simulate(snap, to_candidate(built, {}))
         if pred.oom:
             return False
         for rid, deadline in snap.deadlines:
