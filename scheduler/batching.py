@@ -34,7 +34,7 @@ class RoundContext:
     preempt: Callable[[RequestState], None]  # frees a runnable request's KV, back to waiting
     prefill_inflight: dict[tuple[str, Priority], int]  # (device, class) -> prefill plans
     decode_inflight: set[Placement]  # placements with a decode step in flight
-    tightest_slo_s: float  # smallest TTFT SLO among requests seen (sizes low-priority chunks)
+    tightest_slo_s: float  # smallest TTFT SLO seen, else the default (sizes low-priority chunks)
     # NOTE: the GMG changes within a round only through issue/admit/preempt, so what is
     # derived from it is computed once and dropped by those three.
     _snap: Snapshot | None = field(default=None, repr=False)

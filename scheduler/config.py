@@ -20,7 +20,7 @@ class SchedulerConfig:
     # chunk is sized so that one layer group takes at most this fraction of the tightest SLO.
     lp_op_slo_fraction: float = 0.1
     min_lp_chunk_tokens: int = 16
-    default_ttft_slo_s: float = 1.0  # used to size low-priority chunks when no tenant sets one
+    default_ttft_slo_s: float = 1.0  # sizes low-priority chunks until a request sets one
     timeline_size: int = 20000  # op executions kept for /admin/timeline
     max_op_attempts: int = 2  # an op that fails is retried once, then its requests fail
 

@@ -35,6 +35,9 @@ class KVManager:
         return all(self.pools[d].allocator.can_allocate(self.blocks_needed(d, num_tokens))
                    for d in devices)
 
+    def can_allocate(self, device: str, num_blocks: int) -> bool:
+        return self.pools[device].allocator.can_allocate(num_blocks)
+
     def can_ever_fit(self, num_tokens: int) -> bool:
         return any(self.blocks_needed(d, num_tokens) <= p.allocator.num_blocks
                    for d, p in self.pools.items())

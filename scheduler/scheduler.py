@@ -62,7 +62,7 @@ class Scheduler:
         self.op_plan: dict[int, Plan] = {}  # op id -> its plan, while the plan is in flight
         self.prefill_inflight: dict[tuple[str, Priority], int] = {}
         self.decode_inflight: set[Placement] = set()
-        self.tightest_slo_s = self.cfg.default_ttft_slo_s
+        self.tightest_slo_s: float | None = None  # smallest TTFT SLO among requests seen
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._accepting = False
@@ -104,7 +104,8 @@ class Scheduler:
         self.waiting.push(state)
         self.states[request.request_id] = state
         if request.ttft_slo_s is not None:
-            self.tightest_slo_s = min(self.tightest_slo_s, request.ttft_slo_s)
+            self.tightest_slo_s = min(self.tightest_slo_s or request.ttft_slo_s,
+                                      request.ttft_slo_s)
         self._wake.set()
         return self._stream(state)
 
@@ -173,7 +174,8 @@ class Scheduler:
         return RoundContext(self.clock(), self.cfg, list(self.devices),
                             len(self.model.template.ops), self.waiting, runnable, self.kv,
                             self.builder, self.gmg, self._admit, self._issue, self._preempt,
-                            self.prefill_inflight, self.decode_inflight, self.tightest_slo_s)
+                            self.prefill_inflight, self.decode_inflight,
+                            self.tightest_slo_s or self.cfg.default_ttft_slo_s)
 
     def _admit(self, state: RequestState, placement: Placement) -> None:
         reservation = self.kv.reserve(state.rid, set(placement),

@@ -26,7 +26,7 @@ from scheduler.batching import (
     split,
 )
 from scheduler.gmg import Snapshot
-from scheduler.plan import Plan, to_candidate
+from scheduler.plan import Feed, Plan, to_candidate
 from scheduler.policy import preempt_for
 from scheduler.simulator import Candidate, Prediction, simulate
 from scheduler.state import Placement, RequestState
@@ -145,46 +145,50 @@ class SlicePolicy:
     def _low(self, ctx: RoundContext) -> None:
         if ctx.waiting.count(Priority.HIGH) or ctx.waiting.count(Priority.NORMAL):
             return  # NOTE: urgent requests wait for memory; do not let low work take it
-        free = [d for d in ctx.devices if not ctx.prefills(d, Priority.LOW)]
-        going = [s for s in ctx.runnable if s.priority == Priority.LOW and s.is_prefilling]
-        for s in sorted(going, key=lambda s: s.req.arrival_time):
-            assert s.placement is not None
-            if s.placement[0] in free and self._try_low(ctx, s, s.placement):
-                free.remove(s.placement[0])
-        for s in list(ctx.waiting.queue(Priority.LOW)):
-            if not free:
+        going = sorted((s for s in ctx.runnable if s.priority == Priority.LOW and s.is_prefilling),
+                       key=lambda s: s.req.arrival_time)
+        for d in sorted(ctx.devices, key=lambda d: (ctx.load(d), d)):
+            if not ctx.prefills(d, Priority.LOW):
+                self._fill_low(ctx, d, [s for s in going if s.placement and s.placement[0] == d])
+
+    def _fill_low(self, ctx: RoundContext, device: str, going: list[RequestState]) -> None:
+        """One low-priority prefill plan on `device`, packed up to the chunk budget.
+
+        Its requests' unfinished prompts first, then waiting requests whose KV fits. The
+        plan is issued only if harmless; if the packed plan is not, its first feed alone.
+        """
+        budget = self._lp_budget(ctx, device, max((s.num_computed for s in going), default=0))
+        feeds: list[Feed] = []
+        used, blocks = 0, 0
+        newcomers: set[str] = set()
+        for s in going:
+            if used >= budget:
+                break
+            feeds.append(prefill_feed(s, budget - used))
+            used += len(feeds[-1].tokens)
+        for s in ctx.waiting.queue(Priority.LOW):
+            need = ctx.kv.blocks_needed(device, kv_tokens(s))
+            if used >= budget or not ctx.kv.can_allocate(device, blocks + need):
+                break
+            blocks += need
+            newcomers.add(s.rid)
+            feeds.append(prefill_feed(s, budget - used))
+            used += len(feeds[-1].tokens)
+        for trial in ([feeds, feeds[:1]] if len(feeds) > 1 else [feeds]):
+            plan = Plan(Priority.LOW, single(device, ctx.num_ops), [trial])
+            if trial and self._harmless(ctx, plan):
+                for f in trial:
+                    if f.state.rid in newcomers:
+                        ctx.admit(f.state, plan.placement)
+                ctx.issue(plan)
                 return
-            placed = self._place_low(ctx, s, free)
-            if placed is None:
-                return
-            free.remove(placed)
 
-    def _place_low(self, ctx: RoundContext, s: RequestState, free: list[str]) -> str | None:
-        for d in sorted(free, key=lambda d: (ctx.load(d), d)):
-            if not ctx.kv.can_reserve({d}, kv_tokens(s)):
-                continue
-            placement = single(d, ctx.num_ops)
-            if self._try_low(ctx, s, placement, admit=True):
-                return d
-        return None
-
-    def _try_low(self, ctx: RoundContext, s: RequestState, placement: Placement,
-                 admit: bool = False) -> bool:
-        tokens = self._lp_chunk(ctx, placement[0], s)
-        plan = Plan(Priority.LOW, placement, [[prefill_feed(s, tokens)]])
-        if not self._harmless(ctx, plan):
-            return False
-        if admit:
-            ctx.admit(s, placement)
-        ctx.issue(plan)
-        return True
-
-    def _lp_chunk(self, ctx: RoundContext, device: str, s: RequestState) -> int:
-        """Largest chunk whose slowest layer group stays within a fraction of the tightest SLO."""
+    def _lp_budget(self, ctx: RoundContext, device: str, past: int) -> int:
+        """Most prefill tokens in one low-priority plan: its slowest layer group must stay
+        within a fraction of the tightest SLO (a high-priority op waits at most that)."""
         bound = ctx.cfg.lp_op_slo_fraction * self._tightest_slo(ctx)
         group = ctx.builder.template.layer_groups[0].name
         lo, hi = ctx.cfg.min_lp_chunk_tokens, ctx.cfg.max_batch_tokens
-        past = s.num_computed
         while lo < hi:
             mid = (lo + hi + 1) // 2
             shape = BatchShape(mid, 1, 1, mid * (past + mid), past + mid)
