@@ -13,7 +13,7 @@ from pathlib import Path
 
 from executors.types import Device, OpInstance, OpRole, Priority
 from models.batch import BatchShape
-from models.loader import load
+from models.loader import Model, load
 from models.sampling_params import SamplingParams
 from scheduler.batching import split
 from scheduler.config import SchedulerConfig
@@ -24,6 +24,7 @@ from scheduler.ieg import Request
 from scheduler.kv import KVManager
 from scheduler.plan import Feed, Plan, to_candidate
 from scheduler.profiling import load_or_profile
+from scheduler.scheduler import Scheduler
 from scheduler.simulator import Candidate, simulate
 from scheduler.state import RequestState
 
@@ -65,17 +66,20 @@ def speed(devices: list[int], num_ops: int, repeats: int) -> dict[str, float]:
     return out
 
 
-async def _accuracy_run(model_spec: str, est: Estimators, devices: list[Device]) -> dict:
-    model = load(model_spec, dtype="bfloat16")
-    sched = build_scheduler(model, devices, SchedulerConfig(policy="fcfs"), est)
-    await sched.start()
+SIZES = [(512, "cpu:0"), (128, "cpu:1"), (256, "cpu:0"), (384, "cpu:1"), (64, "cpu:0"),
+         (320, "split"), (200, "cpu:1"), (96, "cpu:0")]  # (prompt tokens, placement)
+CALIBRATION = [(448, "cpu:1"), (160, "cpu:0"), (288, "cpu:1"), (352, "cpu:0"), (80, "cpu:1"),
+               (256, "split"), (224, "cpu:0"), (112, "cpu:1")]  # a different mix
+
+
+async def _workload(sched: Scheduler, tag: str, sizes: list[tuple[int, str]] = SIZES
+                    ) -> tuple[list[float], list[float]]:
+    """Predict the mixed batch workload, then run it: (predicted, actual) finish per request."""
     ctx = sched._context()
-    n_ops, plans = len(model.template.ops), []
-    sizes = [(512, "cpu:0"), (128, "cpu:1"), (256, "cpu:0"), (384, "cpu:1"), (64, "cpu:0"),
-             (320, "split"), (200, "cpu:1"), (96, "cpu:0")]
+    n_ops, plans = len(sched.model.template.ops), []
     for i, (n, where) in enumerate(sizes):
         prompt = [(31 * j + i) % 40000 + 5 for j in range(n)]
-        st = RequestState(Request(f"a{i}", "bench", list(Priority)[i % 3], prompt,
+        st = RequestState(Request(f"{tag}{i}", "bench", list(Priority)[i % 3], prompt,
                                   SamplingParams(temperature=0, max_tokens=1)), [])
         at = 1 + (n_ops - 2) // 2
         placement = (where,) * n_ops if where != "split" else split("cpu:0", "cpu:1", at, n_ops)
@@ -94,7 +98,20 @@ async def _accuracy_run(model_spec: str, est: Estimators, devices: list[Device])
         if all(not s.in_flight for s in sched.states.values()):
             break
         await asyncio.sleep(0.005)
-    actual = [p.finals[-1].end - t0 for p in plans]  # type: ignore[operator]
+    return predicted, [p.finals[-1].end - t0 for p in plans]  # type: ignore[operator]
+
+
+async def _accuracy_run(model: Model, est: Estimators, devices: list[Device],
+                        calibrate: int) -> dict:
+    """`calibrate` runs of another mix refit the estimators online (as a live server does);
+    then they are frozen, the workload is predicted, and run."""
+    sched = build_scheduler(model, devices, SchedulerConfig(policy="fcfs"), est)
+    await sched.start()
+    est.unfreeze()
+    for k in range(calibrate):
+        await _workload(sched, f"c{k}-", CALIBRATION)
+    est.freeze()
+    predicted, actual = await _workload(sched, "a")
     await sched.stop(drain=False)
     e2e_a, e2e_p = max(actual), max(predicted)
     per_req = [abs(p - a) / a for p, a in zip(predicted, actual, strict=True)]
@@ -102,14 +119,15 @@ async def _accuracy_run(model_spec: str, est: Estimators, devices: list[Device])
             "e2e_error": abs(e2e_p - e2e_a) / e2e_a, "request_mape": statistics.mean(per_req)}
 
 
-def accuracy(model_spec: str, devices: list[Device], repeats: int) -> dict[str, float]:
-    """Predict a mixed batch workload before issuing it, then run it for real."""
+def accuracy(model_spec: str, devices: list[Device], repeats: int, calibrate: int = 4
+             ) -> dict[str, float]:
+    """Predict a mixed batch workload before issuing it, then run it for real; medians over
+    `repeats`, each from the start-up fit (profiled, or read back from its cache)."""
     model = load(model_spec, dtype="bfloat16")
-    est = load_or_profile(model, devices)
-    est.freeze()
     runs = []
     for _ in range(repeats):
-        runs.append(asyncio.run(_accuracy_run(model_spec, est, devices)))
+        est = load_or_profile(model, devices)
+        runs.append(asyncio.run(_accuracy_run(model, est, devices, calibrate)))
         gc.collect()
     keys = runs[0].keys()
     return {k: statistics.median(r[k] for r in runs) for k in keys}
