@@ -119,7 +119,7 @@ async def _accuracy_run(model: Model, est: Estimators, devices: list[Device],
             "e2e_error": abs(e2e_p - e2e_a) / e2e_a, "request_mape": statistics.mean(per_req)}
 
 
-def accuracy(model_spec: str, devices: list[Device], repeats: int, calibrate: int = 4
+def accuracy(model_spec: str, devices: list[Device], repeats: int, calibrate: int = 8
              ) -> dict[str, float]:
     """Predict a mixed batch workload before issuing it, then run it for real; medians over
     `repeats`, each from the start-up fit (profiled, or read back from its cache)."""
