@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from gateway.bodylimit import BodyLimitMiddleware
 from gateway.config import GatewayConfig
 from gateway.engine import Engine, build_engine
 from gateway.errors import install_error_handlers
@@ -43,5 +44,6 @@ def create_app(config: GatewayConfig, engine: Engine | None = None) -> FastAPI:
     app.state.gateway = state
     app.include_router(router)
     app.add_middleware(DrainMiddleware, lifecycle=state.lifecycle)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.server.max_body_bytes)
     install_error_handlers(app)  # its middleware goes outermost: ids and 500s for everything
     return app

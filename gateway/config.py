@@ -101,6 +101,7 @@ class ServerSettings:
     drain_timeout_s: float = 30.0  # SIGTERM: how long in-flight requests may finish
     request_timeout_s: float = 600.0  # total deadline of one request, from arrival
     max_prompts_per_request: int = 64  # completions: a list of prompts -> one choice each
+    max_body_bytes: int = 8 << 20  # larger request bodies get 413
     log_level: str = "info"
 
     def __post_init__(self) -> None:
@@ -110,9 +111,10 @@ class ServerSettings:
             value = getattr(self, key)
             _require(isinstance(value, int | float) and not isinstance(value, bool) and value > 0,
                      f"server.{key}", "a positive number of seconds")
-        _require(isinstance(self.max_prompts_per_request, int)
-                 and self.max_prompts_per_request >= 1, "server.max_prompts_per_request",
-                 "a positive integer")
+        for key in ("max_prompts_per_request", "max_body_bytes"):
+            value = getattr(self, key)
+            _require(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+                     f"server.{key}", "a positive integer")
 
 
 @dataclass(frozen=True, slots=True)

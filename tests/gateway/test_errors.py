@@ -14,6 +14,7 @@ from scheduler.fake import FakeScheduler
 from scheduler.ieg import Overloaded, Request, TokenEvent
 from tests.gateway.harness import (
     MAX_MODEL_LEN,
+    MODEL,
     EngineFactory,
     Harness,
     auth_config,
@@ -232,3 +233,20 @@ async def test_lazy_scheduler_refusal(make_engine: EngineFactory) -> None:
         stream = await h.client.post("/v1/completions", json={"prompt": "x", "stream": True})
         events = sse_events(stream.text)
         assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "overloaded"
+
+
+async def test_bodies_over_the_limit_get_413(make_engine: EngineFactory) -> None:
+    body = b'{"model": "m", "prompt": "' + b"x" * 2000 + b'"}'
+
+    async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: counted as it arrives
+        for i in range(0, len(body), 500):
+            yield body[i:i + 500]
+
+    async with running(make_config(max_body_bytes=1000), make_engine()) as h:
+        for content in (body, chunks()):
+            response = await h.client.post("/v1/completions", content=content,
+                                           headers={"content-type": "application/json"})
+            _error(response, 413, code="request_too_large")
+        small = await h.client.post("/v1/completions", json={"model": MODEL, "prompt": "hi",
+                                                             "max_tokens": 2})
+        assert small.status_code == 200, small.text
