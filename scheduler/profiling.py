@@ -1,12 +1,9 @@
 """Start-up profiling: time the real operators over a sweep of shapes and fit the estimators.
 
 For each device kind the sweep runs the model's operator chain (through
-`models` directly, on `threads` torch threads) for prefills, prefill chunks on
-top of KV, and decode batches × context lengths; each op's time is the median
-of `repeats` runs after a warm-up. Every device of a kind runs the sweep at the
-same time, one thread each, and their samples are pooled: a server runs its
-devices together, and devices that share a host (CPU sockets, one PCIe root)
-slow each other down. Transfers are
+`models` directly, in the calling thread, on `threads` torch threads) for
+prefills, prefill chunks on top of KV, and decode batches × context lengths;
+each op's time is the median of `repeats` runs after a warm-up. Transfers are
 timed as the copy of an activation tensor into a freshly allocated buffer (what
 a SEND does after its RECV). The fit is cached as JSON under
 `cache_root()/estimators`, keyed by model folder, dtype, layers per group,
@@ -23,7 +20,6 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -39,7 +35,7 @@ from scheduler.estimators import Estimators, device_kind
 
 logger = logging.getLogger(__name__)
 
-SWEEP_VERSION = 2  # NOTE: bump when the measuring method changes, so caches are refitted
+SWEEP_VERSION = 1  # NOTE: bump when the measuring method changes, so caches are refitted
 
 Case = tuple[tuple[int, ...], tuple[int, ...]]  # (new tokens per seq, past tokens per seq)
 
@@ -178,26 +174,12 @@ def torch_threads(n: int) -> Iterator[None]:
         torch.set_num_threads(old)
 
 
-def _by_kind(devices: Sequence[str], kinds: dict[str, str]) -> dict[str, list[str]]:
-    """The devices of each kind, in order."""
-    out: dict[str, list[str]] = {}
+def _representatives(devices: Sequence[str], kinds: dict[str, str]) -> dict[str, str]:
+    """First device of each kind."""
+    out: dict[str, str] = {}
     for d in devices:
-        out.setdefault(kinds[d], []).append(d)
+        out.setdefault(kinds[d], d)
     return out
-
-
-def sample_together(model: Model, devices: Sequence[str], sweep: Sweep, threads: int,
-                    clock: Clock) -> list[OpSample]:
-    """The sweep on every device in `devices` at once, one thread each; samples pooled."""
-
-    def run(dev: str) -> list[OpSample]:
-        with torch_threads(threads):
-            runner = ShapeRunner(model, Device(dev, 1).torch_device, sweep.cases(),
-                                 sweep.block_size, clock)
-            return runner.sample_all(sweep.cases(), sweep.repeats)
-
-    with ThreadPoolExecutor(max_workers=len(devices)) as pool:
-        return [s for samples in pool.map(run, devices) for s in samples]
 
 
 def _pairs(devices: Sequence[str], kinds: dict[str, str]) -> dict[tuple[str, str], tuple[str, str]]:
@@ -213,19 +195,20 @@ def _pairs(devices: Sequence[str], kinds: dict[str, str]) -> dict[tuple[str, str
 def profile(model: Model, devices: Sequence[Device | str], sweep: Sweep | None = None,
             threads: int = 1, kinds: dict[str, str] | None = None,
             clock: Clock = time.perf_counter) -> Estimators:
-    """Time the sweep on the devices of each kind at once (copies: one pair per kind pair)
-    and fit estimators."""
+    """Time the sweep on one device of each kind (and each kind pair) and fit estimators."""
     sweep = sweep or Sweep()
     names = [d if isinstance(d, str) else d.name for d in devices]
     kinds = {d: (kinds or {}).get(d) or device_kind(d) for d in names}
     est = Estimators(kinds)
     t0 = time.perf_counter()
-    for kind, devs in _by_kind(names, kinds).items():
-        samples = sample_together(model, devs, sweep, threads, clock)
-        for i, t in enumerate(model.template.ops):
-            est.fit_op(kind, t.name, [s.shape for s in samples],
-                       [s.median(i) for s in samples])
     with torch_threads(threads):
+        for kind, dev in _representatives(names, kinds).items():
+            runner = ShapeRunner(model, Device(dev, 1).torch_device, sweep.cases(),
+                                 sweep.block_size, clock)
+            samples = runner.sample_all(sweep.cases(), sweep.repeats)
+            for i, t in enumerate(model.template.ops):
+                est.fit_op(kind, t.name, [s.shape for s in samples],
+                           [s.median(i) for s in samples])
         for (ks, kd), (s, d) in _pairs(names, kinds).items():
             src, dst = Device(s, 1).torch_device, Device(d, 1).torch_device
             meas = time_copies(model, src, dst, sweep.transfer_tokens, sweep.transfer_repeats,

@@ -3,10 +3,10 @@
 Each round: high-priority prefills by earliest TTFT deadline (then normal),
 each placed on the candidate partition (one device, a layer split over two,
 or a chunked pipeline over that split) with the earliest predicted first
-token; then decode steps; then low-priority work, in chunks sized so one
-layer group fits well inside the tightest SLO, each issued only if the
-simulation predicts that no request with a TTFT deadline misses it because
-of that batch. OOM candidates are discarded, never tried.
+token; then decode steps; then low-priority prefills, packed into one plan
+per device of at most as many tokens as keep one layer group well inside the
+tightest SLO, each issued only if the simulation predicts that no request
+with a TTFT deadline misses it because of that batch. OOM candidates are discarded, never tried.
 """
 
 from __future__ import annotations

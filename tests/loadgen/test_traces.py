@@ -20,16 +20,14 @@ from loadgen.traces import (
     TraceRequest,
     apply_options,
     format_azure_timestamp,
-    format_stats_table,
     load_trace,
     read_azure,
     read_mooncake,
     read_synthetic_coding,
     read_trace,
-    trace_stats,
     write_azure_csv,
 )
-from loadgen.traces import main as traces_main
+from loadgen.tracestats import trace_stats
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 REPO = Path(__file__).resolve().parents[2]
@@ -389,30 +387,7 @@ def test_azure_writer_round_trips(tmp_path: Path) -> None:
     assert format_azure_timestamp(datetime(2024, 1, 1), 1.99999999) == "2024-01-01 00:00:02.0000000"
 
 
-def test_trace_stats() -> None:
-    requests = _requests((0.0, 100, 10), (1.0, 200, 20), (3.0, 300, 30), (4.0, 400, 40))
-    stats = trace_stats(requests)
-    assert (stats.num_requests, stats.duration_s, stats.requests_per_s) == (4, 4.0, 1.0)
-    assert stats.prompt_tokens_p50 == 250.0
-    assert stats.prompt_tokens_p90 == pytest.approx(370.0)
-    assert stats.output_tokens_p99 == pytest.approx(39.7)
-    assert stats.output_tokens_mean == 25.0
-    assert stats.interarrival_cov == pytest.approx(0.35355, rel=1e-4)
-    empty = trace_stats([])
-    assert (empty.num_requests, empty.requests_per_s, empty.prompt_tokens_p99) == (0, 0.0, 0.0)
-    table = format_stats_table({"tiny": stats})
-    assert "| tiny | 4 | 4.0 | 1.00 |" in table
-
-
-def test_traces_cli(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    assert traces_main([str(FIXTURES / "azure_small.csv"), SYNTHETIC_CODING]) == 0
-    out = capsys.readouterr().out
-    assert "azure_small.csv | 4 |" in out and "| synthetic-coding |" in out
-    assert traces_main([str(_write(tmp_path, "bad.csv", HEADER + "x,1,1"))]) == 2
-    assert "bad.csv, line 2: bad TIMESTAMP" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("module", ["traces.py", "synthetic.py"])
+@pytest.mark.parametrize("module", ["traces.py", "tracestats.py", "synthetic.py"])
 def test_loadgen_trace_modules_import_only_the_stdlib(module: str) -> None:
     tree = ast.parse((REPO / "loadgen" / module).read_text(encoding="utf-8"))
     imported = {

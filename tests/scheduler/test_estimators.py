@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import time
 from pathlib import Path
 
 import pytest
@@ -184,23 +183,3 @@ def test_profile_is_cached_on_disk(tiny_model_dir: Path, tmp_path: Path,
     load_or_profile(other, ["cpu:0"], tmp_path, sweep)
     assert len(calls) == 3 and len(list((tmp_path / "estimators").glob("*.json"))) == 2
 
-
-def test_devices_of_a_kind_are_profiled_together(tiny_model_dir: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    model = load(tiny_model_dir, dtype="float32", layers_per_group=2)
-    sweep = Sweep(prefill_tokens=(4, 12), chunks=(), decode_batches=(1,), decode_contexts=(8,),
-                  transfer_tokens=(1, 8), repeats=1)
-    spans: dict[str, tuple[float, float]] = {}
-    real = profiling.ShapeRunner.sample_all
-
-    def timed(self: profiling.ShapeRunner, *a: object) -> list[profiling.OpSample]:
-        t0 = time.perf_counter()
-        time.sleep(0.05)  # long enough that sequential runs could not overlap
-        out = real(self, *a)  # type: ignore[arg-type]
-        spans[str(self.device) + str(len(spans))] = (t0, time.perf_counter())
-        return out
-    monkeypatch.setattr(profiling.ShapeRunner, "sample_all", timed)
-    samples = profiling.sample_together(model, ["cpu:0", "cpu:1"], sweep, 1, time.perf_counter)
-    assert len(samples) == 2 * len(sweep.cases())  # both devices' samples, pooled
-    (a0, a1), (b0, b1) = spans.values()
-    assert max(a0, b0) < min(a1, b1)  # the two sweeps overlapped in time
