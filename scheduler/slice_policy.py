@@ -147,6 +147,8 @@ class SlicePolicy:
             return  # NOTE: urgent requests wait for memory; do not let low work take it
         going = sorted((s for s in ctx.runnable if s.priority == Priority.LOW and s.is_prefilling),
                        key=lambda s: s.req.arrival_time)
+        if not going and not ctx.waiting.count(Priority.LOW):
+            return
         for d in sorted(ctx.devices, key=lambda d: (ctx.load(d), d)):
             if not ctx.prefills(d, Priority.LOW):
                 self._fill_low(ctx, d, [s for s in going if s.placement and s.placement[0] == d])
