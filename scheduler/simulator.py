@@ -13,7 +13,7 @@ works on flat lists indexed by position and keeps each device's ready ops in a h
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from heapq import heappop, heappush
 
 from executors.dispatch import dispatch_key
@@ -69,20 +69,17 @@ def _graph(snapshot: Snapshot, candidate: Candidate) -> _Graph:
     return _Graph(ops, devices, [where[o.device] for o in ops], succ, waiting)
 
 
-def _keys(g: _Graph, snapshot: Snapshot, candidate: Candidate) -> list[tuple]:
+def _keys(snapshot: Snapshot, candidate: Candidate) -> list[tuple]:
     """Each op's dispatch key with its position appended; candidate ops are issued now."""
-    keys = [(*dispatch_key(o), i) for i, o in enumerate(snapshot.ops)]
-    base = len(keys)
-    now = snapshot.now
-    keys += [(int(o.priority), now, o.op_id, base + i) for i, o in enumerate(candidate.ops)]
-    return keys
+    issued = [replace(o, issued_at=snapshot.now) for o in candidate.ops]
+    return [(*dispatch_key(o), i) for i, o in enumerate((*snapshot.ops, *issued))]
 
 
 def simulate(snapshot: Snapshot, candidate: Candidate | None = None) -> Prediction:
     """Predict when every op in flight (and the candidate's) starts and finishes."""
     cand = candidate or Candidate(())
     g = _graph(snapshot, cand)
-    keys = _keys(g, snapshot, cand)
+    keys = _keys(snapshot, cand)
     ops, dev, succ, waiting = g.ops, g.dev, g.succ, g.waiting
     dur = [o.est_s for o in ops]
     mem_of = [o.mem_bytes for o in ops]
