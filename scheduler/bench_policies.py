@@ -3,7 +3,8 @@
 A high-priority stream replayed from the Azure code trace (or the shipped
 synthetic trace) plus a closed-loop low-priority batch stream that alone
 saturates the devices. The SLO is the high-priority stream's p90 TTFT when
-replayed alone under `static` (its own share of the devices).
+replayed alone under `static` (its own share of the devices). Every policy
+runs `--repeats` times, interleaved; the table shows medians.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import itertools
 import json
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -206,17 +208,52 @@ def _lone_rows(model: Model, est: Estimators, devices: str, mem: float,
     return rows
 
 
-def _print(rows: dict[str, dict[str, float]], slo: float, lone: list[dict[str, object]]) -> None:
-    base = rows.get("fcfs")
-    print(f"SLO (p90 TTFT of the interactive stream alone under static): {slo:.3f} s\n")
+def _ratio(run: dict[str, dict[str, float]], name: str, key: str, base: str) -> float:
+    if name not in run or base not in run or not run[base][key]:
+        return float("nan")
+    return run[name][key] / run[base][key]
+
+
+def medians(runs: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Each policy's median of every figure over the repeats, with the ratios of its total to
+    `fcfs`'s and of its LP tok/s to `static`'s taken within each repeat (side by side), then
+    the median of those."""
+    out: dict[str, dict[str, float]] = {}
+    for name in runs[0]:
+        row = {k: statistics.median(r[name][k] for r in runs) for k in runs[0][name]}
+        row["total_vs_fcfs"] = statistics.median(
+            _ratio(r, name, "total_tok_s", "fcfs") for r in runs)
+        row["lp_vs_static"] = statistics.median(
+            _ratio(r, name, "lp_tok_s", "static") for r in runs)
+        out[name] = row
+    return out
+
+
+def repeated(names: list[str], repeats: int,
+             run_one: Callable[[str], dict[str, float]]) -> list[dict[str, dict[str, float]]]:
+    """`repeats` rounds of every policy; each round starts one policy later, so that none
+    always runs first (the machine's speed drifts by a few percent over an hour)."""
+    runs = []
+    for r in range(repeats):
+        k = r % len(names)
+        order = names[k:] + names[:k]
+        done = {name: run_one(name) for name in order}
+        runs.append({name: done[name] for name in names})
+    return runs
+
+
+def _print(rows: dict[str, dict[str, float]], slo: float, lone: list[dict[str, object]],
+           repeats: int) -> None:
+    print(f"SLO (p90 TTFT of the interactive stream alone under static): {slo:.3f} s")
+    print(f"medians over {repeats} repeat(s); ratios taken within each repeat\n")
     print("| policy | HP SLO attain. | HP TTFT p50 s | HP TTFT p99 s | LP tok/s | total tok/s "
-          "| total vs fcfs | busy |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+          "| total vs fcfs | LP vs static | busy |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, r in rows.items():
-        ratio = r["total_tok_s"] / base["total_tok_s"] if base else float("nan")
         print(f"| {name} | {r['hp_slo_attainment']:.1%} | {r['hp_ttft_p50_s']:.3f} | "
               f"{r['hp_ttft_p99_s']:.3f} | {r['lp_tok_s']:.1f} | {r['total_tok_s']:.1f} | "
-              f"{ratio:.2f} | {r['busy_fraction']:.2f} |")
+              f"{r['total_vs_fcfs']:.2f} | {r['lp_vs_static']:.2f} | "
+              f"{r['busy_fraction']:.2f} |")
     print("\n| lone HP prefill | slice partition | slice TTFT s | one device TTFT s | speedup |")
     print("|---:|---|---:|---:|---:|")
     for lr in lone:
@@ -233,29 +270,33 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     p.add_argument("--policies", default="fcfs,priority,static,slice")
     p.add_argument("--hp-requests", type=int, default=Workload().hp_requests)
     p.add_argument("--rate-scale", type=float, default=Workload().rate_scale)
+    p.add_argument("--repeats", type=int, default=3, help="runs of each policy (medians)")
     p.add_argument("--lone-repeats", type=int, default=3)
     p.add_argument("--lone-only", action="store_true", help="only the lone-prefill rows")
     p.add_argument("--json", type=Path, default=None)
     a = p.parse_args(argv)
+    if a.repeats < 1:
+        p.error("--repeats must be >= 1")
     w = Workload(hp_requests=a.hp_requests, rate_scale=a.rate_scale)
     model = load(a.model, dtype=a.dtype)
     est = load_or_profile(model, parse_devices(a.devices, a.device_memory_gib))
     if a.lone_only:
         lone = _lone_rows(model, est, a.devices, a.device_memory_gib, a.lone_repeats)
-        _print({}, float("nan"), lone)
+        _print({}, float("nan"), lone, 0)
         return {"lone_prefill": lone}
     alone = run_policy(model, est, "static", w, a.devices, a.device_memory_gib, None,
                        with_lp=False)
     slo = _pct(alone.hp_ttft_s, 90)
-    rows = {name: _row(run_policy(model, est, name, w, a.devices, a.device_memory_gib, slo,
-                                  with_lp=True), slo)
-            for name in a.policies.split(",")}
+    runs = repeated(a.policies.split(","), a.repeats, lambda name: _row(
+        run_policy(model, est, name, w, a.devices, a.device_memory_gib, slo, with_lp=True), slo))
+    rows = medians(runs)
     lone = _lone_rows(model, est, a.devices, a.device_memory_gib, a.lone_repeats)
-    _print(rows, slo, lone)
+    _print(rows, slo, lone, a.repeats)
     trace = "AzureLLMInferenceTrace_code" if AZURE_CODE.is_file() else "synthetic-coding"
     result: dict[str, object] = {
-        "slo_s": slo, "hp_alone": _row(alone, slo), "policies": rows, "lone_prefill": lone,
-        "workload": asdict(w), "trace": trace, "model": a.model, "dtype": a.dtype}
+        "slo_s": slo, "hp_alone": _row(alone, slo), "policies": rows, "repeats": runs,
+        "lone_prefill": lone, "workload": asdict(w), "trace": trace, "model": a.model,
+        "dtype": a.dtype}
     if a.json:
         a.json.write_text(json.dumps(result, indent=1))
     return result

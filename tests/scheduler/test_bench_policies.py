@@ -1,0 +1,45 @@
+"""The policies bench's repeat bookkeeping: interleaved order, medians, side-by-side ratios."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from scheduler.bench_policies import main, medians, repeated
+
+
+def _row(lp: float, total: float) -> dict[str, float]:
+    return {"lp_tok_s": lp, "total_tok_s": total, "hp_slo_attainment": 1.0}
+
+
+def test_each_repeat_starts_one_policy_later() -> None:
+    calls: list[str] = []
+    runs = repeated(["a", "b", "c"], 4, lambda n: calls.append(n) or _row(1, 1))
+    assert calls == ["a", "b", "c", "b", "c", "a", "c", "a", "b", "a", "b", "c"]
+    assert [list(r) for r in runs] == [["a", "b", "c"]] * 4  # stored in the asked order
+
+
+def test_ratios_are_taken_within_a_repeat_then_medianed() -> None:
+    runs = [
+        {"fcfs": _row(100, 200), "static": _row(50, 100), "slice": _row(90, 190)},
+        {"fcfs": _row(80, 100), "static": _row(60, 80), "slice": _row(78, 98)},
+        {"fcfs": _row(100, 150), "static": _row(40, 60), "slice": _row(70, 150)},
+    ]
+    rows = medians(runs)
+    assert rows["slice"]["total_vs_fcfs"] == pytest.approx(0.98)  # of 0.95, 0.98, 1.0
+    assert rows["slice"]["lp_vs_static"] == pytest.approx(1.75)  # of 1.8, 1.3, 1.75
+    assert rows["slice"]["total_tok_s"] == 150  # the median figure itself
+    assert rows["fcfs"]["total_vs_fcfs"] == 1.0
+    # NOTE: a ratio of medians would say 150/150 = 1.0 for total and 78/50 = 1.56 for LP
+
+
+def test_ratio_without_its_baseline_is_nan() -> None:
+    rows = medians([{"slice": _row(1, 1)}])
+    assert math.isnan(rows["slice"]["total_vs_fcfs"])
+    assert math.isnan(rows["slice"]["lp_vs_static"])
+
+
+def test_repeats_must_be_positive() -> None:
+    with pytest.raises(SystemExit):
+        main(["--repeats", "0"])
