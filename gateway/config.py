@@ -13,21 +13,19 @@ Precedence: built-in defaults < config file < command-line flags.
 from __future__ import annotations
 
 import dataclasses
-import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 import yaml
 
 from gateway.tenants import TenantsConfig, load_tenants
+from scheduler import factory
 
 DTYPES = ("bfloat16", "float32")
 POLICIES = ("slice", "fcfs", "priority", "static")
-_DEVICE = re.compile(r"^(cuda|cpu):\d+$")
 
 
 class ConfigError(ValueError):
@@ -36,22 +34,15 @@ class ConfigError(ValueError):
 
 def default_devices() -> tuple[str, ...]:
     """Every GPU, or two virtual CPU devices on a machine without one."""
-    count = torch.cuda.device_count()
-    return tuple(f"cuda:{i}" for i in range(count)) if count else ("cpu:0", "cpu:1")
+    return tuple(factory.default_devices())
 
 
 def parse_devices(value: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
     """`"cuda:0,cuda:1"` or a list -> a validated tuple of device names."""
-    items = value.split(",") if isinstance(value, str) else list(value)
-    devices = tuple(str(d).strip() for d in items if str(d).strip())
-    if not devices:
-        raise ConfigError("scheduler.devices: give at least one device (cuda:N or cpu:N)")
-    for device in devices:
-        if not _DEVICE.match(device):
-            raise ConfigError(f"scheduler.devices: {device!r} is not cuda:N or cpu:N")
-    if len(set(devices)) != len(devices):
-        raise ConfigError("scheduler.devices: a device is listed twice")
-    return devices
+    try:
+        return tuple(factory.device_names(value))
+    except ValueError as e:
+        raise ConfigError(f"scheduler.devices: {e}") from None
 
 
 def _require(ok: bool, key: str, problem: str) -> None:

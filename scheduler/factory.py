@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 from executors.types import Device
@@ -12,6 +14,8 @@ from scheduler.execution import ExecutorFactory
 from scheduler.profiling import load_or_profile
 from scheduler.scheduler import Scheduler
 
+_DEVICE = re.compile(r"^(cuda|cpu):\d+$")
+
 
 def default_devices() -> list[str]:
     """Every GPU, or two virtual CPU devices without one."""
@@ -19,15 +23,25 @@ def default_devices() -> list[str]:
     return [f"cuda:{i}" for i in range(n)] if n else ["cpu:0", "cpu:1"]
 
 
-def parse_devices(spec: str | list[str] | None, memory_gib: float) -> list[Device]:
-    """`cpu:0,cpu:1` (or a list) with one memory budget per device."""
-    names = spec.split(",") if isinstance(spec, str) else (spec or default_devices())
-    names = [n.strip() for n in names if n.strip()]
+def device_names(spec: str | list[str] | tuple[str, ...] | None) -> list[str]:
+    """`cpu:0,cpu:1` (or a list) -> validated device names; None = `default_devices()`."""
+    if spec is None:
+        spec = default_devices()
+    items = spec.split(",") if isinstance(spec, str) else list(spec)
+    names = [str(n).strip() for n in items if str(n).strip()]
     if not names:
-        raise ValueError("no devices given")
+        raise ValueError("give at least one device (cuda:N or cpu:N)")
+    for name in names:
+        if not _DEVICE.match(name):
+            raise ValueError(f"{name!r} is not cuda:N or cpu:N")
     if len(set(names)) != len(names):
-        raise ValueError(f"devices repeat: {','.join(names)}")
-    return [Device(n, int(memory_gib * 2**30)) for n in names]
+        raise ValueError(f"a device is listed twice: {','.join(names)}")
+    return names
+
+
+def parse_devices(spec: str | list[str] | None, memory_gib: float) -> list[Device]:
+    """Validated device names (see `device_names`) with one memory budget per device."""
+    return [Device(n, int(memory_gib * 2**30)) for n in device_names(spec)]
 
 
 def build_scheduler(model: Model, devices: list[Device], cfg: SchedulerConfig,
