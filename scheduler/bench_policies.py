@@ -298,8 +298,8 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
 
     runs = repeated(a.policies.split(","), a.repeats, one)
     rows = medians(runs)
-    # NOTE: the policy runs refit `est` online under two busy devices; after 13 of them the
-    # fit no longer predicted a gain from a pipeline on idle ones, so these rows start again
+    # NOTE: every run refits `est` online, mostly under two busy devices; after this bench's
+    # 13 the fit no longer predicted a gain from a pipeline on idle ones, so these rows start again
     # from the start-up fit (read anew from its cache), as `--lone-only` does.
     fresh = load_or_profile(model, parse_devices(a.devices, a.device_memory_gib))
     lone = _lone_rows(model, fresh, a.devices, a.device_memory_gib, a.lone_repeats)
