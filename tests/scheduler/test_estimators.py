@@ -182,4 +182,3 @@ def test_profile_is_cached_on_disk(tiny_model_dir: Path, tmp_path: Path,
     other = load(tiny_model_dir, dtype="float32", layers_per_group=1)
     load_or_profile(other, ["cpu:0"], tmp_path, sweep)
     assert len(calls) == 3 and len(list((tmp_path / "estimators").glob("*.json"))) == 2
-
