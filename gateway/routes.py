@@ -68,8 +68,9 @@ async def health(request: Request) -> Response:
     state = state_of(request)
     if state.lifecycle.draining:
         return json_response({"status": "draining"}, status_code=503)
-    if not state.engine.scheduler.stats().healthy:
-        return json_response({"status": "unhealthy", "detail": "an executor died"},
+    stats = state.engine.scheduler.stats()
+    if not stats.healthy:
+        return json_response({"status": "unhealthy", "detail": stats.health_detail},
                              status_code=503)
     return json_response({"status": "ok"})
 

@@ -48,7 +48,7 @@ from loadgen.traces import TraceRequest
 from loadgen.workload import TenantSpec, parse_source, plan_arrivals
 
 AZURE_CODE = PEERS_DIR.parent / "traces" / "AzureLLMInferenceTrace_code.csv.gz"
-# NOTE: the recipe of `python -m scheduler bench policies` (scheduler/bench_policies.py), so the
+# NOTE: the recipe of `python -m scheduler bench policies` (scheduler/bench/policies.py), so the
 # two benches' tables can be read side by side.
 TRACE_SHAPE = ("max_requests=300,rate_scale=0.8,prompt_scale=0.0625,max_prompt_tokens=1024,"
                "max_output_tokens=32")

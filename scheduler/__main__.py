@@ -6,11 +6,11 @@ import logging
 import sys
 from collections.abc import Callable
 
-from scheduler import bench_estimators, bench_overhead, bench_policies, bench_simulator
+from scheduler.bench import estimators, overhead, policies, simulator
 
 BENCHES: dict[str, Callable[[list[str] | None], object]] = {
-    "overhead": bench_overhead.main, "estimators": bench_estimators.main,
-    "simulator": bench_simulator.main, "policies": bench_policies.main}
+    "overhead": overhead.main, "estimators": estimators.main,
+    "simulator": simulator.main, "policies": policies.main}
 
 
 def main(argv: list[str] | None = None) -> None:

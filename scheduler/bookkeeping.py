@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from executors.types import OpInstance, Priority
+from scheduler.api import Histogram
 
 
 @dataclass(slots=True)
@@ -28,10 +29,15 @@ class Bookkeeping:
     slo: dict[Priority, ClassCounts] = field(
         default_factory=lambda: defaultdict(ClassCounts))
     preemptions: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
-    round_s: list[float] = field(default_factory=list)  # round decision times, drained by stats
+    rounds: Histogram = field(default_factory=Histogram)  # round times, cumulative
+    recent_round_s: deque[float] = field(default_factory=lambda: deque(maxlen=10000))
 
     def __post_init__(self) -> None:
         self.timeline = deque(maxlen=self.timeline_size)
+
+    def record_round(self, seconds: float) -> None:
+        self.rounds.observe(seconds)
+        self.recent_round_s.append(seconds)
 
     def record_op(self, op: OpInstance) -> None:
         if op.start is None or op.end is None:

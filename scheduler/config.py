@@ -23,6 +23,9 @@ class SchedulerConfig:
     default_ttft_slo_s: float = 1.0  # sizes low-priority chunks until a request sets one
     timeline_size: int = 20000  # op executions kept for /admin/timeline
     max_op_attempts: int = 2  # an op that fails is retried once, then its requests fail
+    # NOTE: rounds that raise outside any request's decision are retried with a backoff;
+    # after this many in a row, the requests not in flight end with a server error.
+    max_failed_rounds: int = 3
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.max_batch_tokens < 1 or self.max_decode_seqs < 1:

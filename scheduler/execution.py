@@ -130,6 +130,10 @@ class Execution:
     def busy_s(self, device: str) -> float:
         return self.executors[device].busy_s if device in self.executors else 0.0
 
+    def alive(self, device: str) -> bool:
+        ex = self.executors.get(device)
+        return ex is not None and ex.alive
+
     @property
     def healthy(self) -> bool:
         return all(e.alive for e in self.executors.values())

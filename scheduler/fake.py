@@ -144,6 +144,7 @@ class FakeScheduler:
             slo_attainment=self._slo_attainment(),
             device_busy_ratio={self.config.device: min(self._busy_s / elapsed, 1.0)},
             healthy=self.healthy,
+            health_detail=None if self.healthy else "the fake scheduler was marked unhealthy",
         )
 
     def snapshot(self) -> dict[str, Any]:

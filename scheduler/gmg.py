@@ -78,6 +78,13 @@ class GMG:
             self.unscheduled.pop(op.op_id, None)
             self.first_token_of.pop(op.op_id, None)
 
+    def loads(self) -> dict[str, float]:
+        """Device -> estimated seconds of work issued there and not done."""
+        out = dict.fromkeys(self.devices, 0.0)
+        for op in self.scheduled.values():
+            out[op.device] = out.get(op.device, 0.0) + op.est_s
+        return out
+
     def snapshot(self, now: float) -> Snapshot:
         ops = tuple(self._sim_op(op, now) for op in self.scheduled.values())
         devs = tuple(DeviceView(d, self.ledgers[d].capacity_bytes, self.ledgers[d].used_bytes)

@@ -8,8 +8,7 @@ from dataclasses import dataclass, field
 
 from executors.types import Priority
 from scheduler.ieg import FinishReason, IEGNode, NodeKind, NodeState, Request, TokenEvent
-
-Placement = tuple[str, ...]  # device name per operator of the chain
+from scheduler.requestview import Placement, RequestView
 
 
 @dataclass(eq=False)
@@ -26,10 +25,12 @@ class RequestState:
     in_flight: bool = False  # part of an issued batch that has not completed
     finished: bool = False
     abort_reason: str | None = None  # set while in flight; applied when the batch completes
+    error: str | None = None  # with abort_reason "error": what the client is told
     scheduled_time: float | None = None  # first time any of its ops was issued
     first_token_time: float | None = None
     last_token_time: float | None = None
     num_preemptions: int = 0
+    _view: RequestView | None = field(default=None, repr=False)
 
     @property
     def rid(self) -> str:
@@ -52,20 +53,24 @@ class RequestState:
         """Prompt + generated tokens (a preempted request recomputes all of them)."""
         return self.prompt_len + len(self.output_ids)
 
-    @property
-    def is_prefilling(self) -> bool:
-        """More than one token still to feed: a prompt (or a recompute after preemption)."""
-        return self.num_tokens - self.num_computed > 1
+    def view(self) -> RequestView:
+        """This request as a policy sees it (cached until its progress or placement change)."""
+        v = self._view
+        if v is None or (v.num_computed, v.num_output, v.placement) != (
+                self.num_computed, len(self.output_ids), self.placement):
+            blocks = tuple((d, len(t)) for d, t in sorted(self.tables.items()))
+            v = self._view = RequestView(
+                self.rid, self.req.tenant, self.priority, self.req.arrival_time,
+                self.req.ttft_slo_s, self.prompt_len, self.req.max_tokens, len(self.output_ids),
+                self.num_computed, self.placement, blocks)
+        return v
 
-
-
-    def next_chunk(self, max_tokens: int) -> list[int]:
-        """Tokens to feed next: a chunk of what is not in KV yet (the last token when decoding)."""
-        start = self.num_computed
-        if start < self.prompt_len:
-            return self.req.prompt_token_ids[start:start + max_tokens] + self.output_ids[
-                :max(0, start + max_tokens - self.prompt_len)]
-        return self.output_ids[start - self.prompt_len:start - self.prompt_len + max_tokens]
+    def token_ids(self, start: int, count: int) -> list[int]:
+        """Tokens [start, start + count) of prompt + output."""
+        prompt = self.req.prompt_token_ids
+        if start + count <= len(prompt):
+            return prompt[start:start + count]
+        return (prompt + self.output_ids)[start:start + count]
 
     def emit(self, event: TokenEvent) -> None:
         self.events.put_nowait(event)

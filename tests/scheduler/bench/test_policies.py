@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from scheduler.bench_policies import main, medians, repeated
+from scheduler.bench.policies import main, medians, repeated
 
 
 def _row(lp: float, total: float) -> dict[str, float]:

@@ -32,7 +32,7 @@ from scheduler.ieg import Request
 from scheduler.profiling import load_or_profile
 from scheduler.scheduler import Scheduler
 
-AZURE_CODE = Path(__file__).resolve().parents[2] / "shared" / "traces" / \
+AZURE_CODE = Path(__file__).resolve().parents[3] / "shared" / "traces" / \
     "AzureLLMInferenceTrace_code.csv.gz"
 
 
@@ -114,18 +114,26 @@ async def _lp_stream(sched: Scheduler, w: Workload, vocab: int, run: Run,
     await asyncio.gather(*[worker() for _ in range(w.lp_concurrency)])
 
 
+OnScheduler = Callable[[Scheduler], None]  # a hook that sees the scheduler before it starts
+
+
 def run_policy(model: Model, est: Estimators, policy: str, w: Workload, devices: str,
-               mem_gib: float, slo: float | None, with_lp: bool) -> Run:
+               mem_gib: float, slo: float | None, with_lp: bool,
+               on_scheduler: OnScheduler | None = None) -> Run:
     """One run in a fresh event loop; the scheduler's KV pools are freed before returning."""
-    run = asyncio.run(_run_policy(model, est, policy, w, devices, mem_gib, slo, with_lp))
+    run = asyncio.run(_run_policy(model, est, policy, w, devices, mem_gib, slo, with_lp,
+                                  on_scheduler))
     gc.collect()  # NOTE: the scheduler and its executors reference each other
     return run
 
 
 async def _run_policy(model: Model, est: Estimators, policy: str, w: Workload, devices: str,
-                      mem_gib: float, slo: float | None, with_lp: bool) -> Run:
+                      mem_gib: float, slo: float | None, with_lp: bool,
+                      on_scheduler: OnScheduler | None) -> Run:
     cfg = SchedulerConfig(policy=policy, max_model_len=2048)
     sched = build_scheduler(model, parse_devices(devices, mem_gib), cfg, est)
+    if on_scheduler is not None:
+        on_scheduler(sched)
     await sched.start()
     run, stop = Run(), asyncio.Event()
     t0 = time.monotonic()
