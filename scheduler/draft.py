@@ -39,6 +39,7 @@ class Draft:
         self._prefills = dict(view.prefill_inflight)
         self._decodes = set(view.decode_inflight)
         self._snap = view.snapshot
+        self.preempted: set[str] = set()  # requests preempted this round
         self._base: Prediction | None = None
         self.decision = RoundDecision()
 
@@ -123,6 +124,7 @@ class Draft:
         queue = self._waiting[req.priority]
         back = dataclasses.replace(req, placement=None, kv_blocks=(), num_computed=0)
         self._waiting[req.priority] = {req.rid: back, **queue}
+        self.preempted.add(req.rid)
         self.decision.preemptions.append(Preemption(req.rid, reason))
 
     def issue(self, plan: Plan) -> None:

@@ -41,6 +41,7 @@ from scheduler.ieg import (
 from scheduler.kv import KVManager
 from scheduler.plan import Builder, Feed, OpTime, Plan, XferTime, first_token_ops
 from scheduler.policies import make_policy
+from scheduler.reprofile import PairProfiler
 from scheduler.requestview import Placement
 from scheduler.state import RequestState
 from scheduler.stats import collect
@@ -78,6 +79,7 @@ class Scheduler:
         self.decode_inflight: set[tuple[Placement, Priority]] = set()
         self.tightest_slo_s: float | None = None  # smallest TTFT SLO among requests seen
         self._retry_on_progress = False  # the last round held work back (see RoundDecision)
+        self.profiler: PairProfiler | None = None  # profiles pairs the estimators lack
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._accepting = False
@@ -215,6 +217,10 @@ class Scheduler:
         else:
             self.health.round_ok()
         self.books.record_round(time.perf_counter() - t0)
+        if self.profiler is not None and self.estimator is not None:
+            pairs = self.estimator.take_pairs_to_profile()
+            if pairs:
+                self.profiler.request(pairs)
 
     def _round_failed(self, e: Exception) -> None:
         logger.exception("a scheduling round failed")

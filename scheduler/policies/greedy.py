@@ -54,14 +54,15 @@ class GreedyPolicy:
             if r.is_prefilling and r.placement and r.placement[0] in feeds:
                 self._add(view, feeds[r.placement[0]], r)
         self._admit(draft, feeds)
-        for device, fs in feeds.items():
+        for device, packed in feeds.items():
+            fs = [f for f in packed if f.rid not in draft.preempted]  # room made for others
             if fs:
                 prio = min(self.priority_of(f.req) for f in fs)
                 issue_plan(draft, Plan(prio, single(device, view.num_ops), [fs]))
         return draft.decision
 
     def _add(self, view: RoundView, feeds: list[Feed], r: RequestView) -> None:
-        used = sum(f.num_tokens for f in feeds)
+        used = _tokens(feeds)
         if used < view.cfg.max_batch_tokens:
             feeds.append(prefill_feed(r, view.cfg.max_batch_tokens - used))
 
@@ -70,16 +71,17 @@ class GreedyPolicy:
 
     def _admit_list(self, draft: Draft, feeds: Feeds, order: list[RequestView]) -> None:
         view = draft.view
+        budget = view.cfg.max_batch_tokens
         for r in order:
-            open_devs = [d for d in self.devices_for(view, r) if d in feeds]
+            open_devs = [d for d in self.devices_for(view, r)
+                         if d in feeds and _tokens(feeds[d]) < budget]
             fits = [d for d in open_devs if self._fits(draft, d, r)]
             if not fits:
                 if open_devs:
                     break  # NOTE: head-of-line blocking, as a FCFS queue does
                 continue
-            device = draft.least_loaded(fits)
-            if sum(f.num_tokens for f in feeds[device]) >= view.cfg.max_batch_tokens:
-                break
+            # NOTE: the least-loaded device, counting the prompts already packed this round
+            device = min(fits, key=lambda d: (draft.load(d), _tokens(feeds[d]), d))
             admitted = draft.admit(r, single(device, view.num_ops))
             self._add(view, feeds[device], admitted)
 
@@ -87,6 +89,10 @@ class GreedyPolicy:
         if draft.can_reserve({device}, r.kv_tokens):
             return True
         return self.preempts and preempt_for(draft, device, r) > 0
+
+
+def _tokens(feeds: list[Feed]) -> int:
+    return sum(f.num_tokens for f in feeds)
 
 
 class FcfsPolicy(GreedyPolicy):

@@ -1,0 +1,63 @@
+"""Decode steps per (placement, class); preemption only when it makes room."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from executors.types import Priority
+from scheduler.draft import Draft
+from scheduler.policies.common import chunk_feeds, decode_plans, preempt_for
+from scheduler.requestview import RequestView
+from tests.scheduler.views import make_view, req, single
+
+
+def _decoding(rid: str, prio: Priority, device: str = "cpu:0", arrival: float = 0.0
+              ) -> RequestView:
+    return req(rid, prio, prompt=10, placement=single(device), computed=10, output=1, blocks=2,
+               arrival=arrival)
+
+
+def test_decode_steps_never_mix_classes() -> None:
+    rs = [_decoding("h1", Priority.HIGH), _decoding("l1", Priority.LOW),
+          _decoding("l2", Priority.LOW, arrival=1.0), _decoding("n1", Priority.NORMAL),
+          _decoding("l3", Priority.LOW, device="cpu:1")]
+    plans = decode_plans(Draft(make_view(runnable=rs)), lambda r: r.priority)
+    got = [(p.priority, p.placement[0], p.rids) for p in plans]
+    assert got == [(Priority.HIGH, "cpu:0", ("h1",)), (Priority.NORMAL, "cpu:0", ("n1",)),
+                   (Priority.LOW, "cpu:0", ("l1", "l2")), (Priority.LOW, "cpu:1", ("l3",))]
+    for p in plans:
+        assert all(f.num_tokens == 1 and f.past == 10 for f in p.chunks[0])
+
+
+def test_a_class_with_a_step_in_flight_waits_for_the_next() -> None:
+    rs = [_decoding("h1", Priority.HIGH), _decoding("l1", Priority.LOW)]
+    view = dataclasses.replace(make_view(runnable=rs),
+                               decode_inflight=frozenset({(single("cpu:0"), Priority.LOW)}))
+    plans = decode_plans(Draft(view), lambda r: r.priority)
+    assert [p.rids for p in plans] == [("h1",)]
+
+
+def test_preemption_takes_the_newest_lower_class_first_and_only_what_is_needed() -> None:
+    victims = [req(f"v{i}", Priority.LOW, placement=single("cpu:0"), blocks=3, arrival=float(i),
+                   computed=5) for i in range(3)]
+    hp = req("hp", Priority.HIGH, prompt=60, max_tokens=20)  # 80 tokens: 5 blocks
+    draft = Draft(make_view(waiting=[hp], runnable=victims, free_blocks=0))
+    assert preempt_for(draft, "cpu:0", hp) == 2
+    assert [p.rid for p in draft.decision.preemptions] == ["v2", "v1"]
+    assert draft.can_reserve({"cpu:0"}, hp.kv_tokens)
+
+
+def test_no_preemption_when_it_cannot_make_room() -> None:
+    victims = [req("v", Priority.LOW, placement=single("cpu:0"), blocks=3, computed=5),
+               req("same", Priority.HIGH, placement=single("cpu:0"), blocks=9, computed=5)]
+    hp = req("hp", Priority.HIGH, prompt=60, max_tokens=20)
+    draft = Draft(make_view(waiting=[hp], runnable=victims, free_blocks=1))
+    assert preempt_for(draft, "cpu:0", hp) == 0 and not draft.decision.preemptions
+
+
+def test_chunked_pipeline_feeds_cover_the_prompt_in_order() -> None:
+    r = req("r", prompt=300, computed=20)
+    chunks = chunk_feeds(r, 60, 4)
+    spans = [(c[0].past, c[0].num_tokens) for c in chunks]
+    assert spans == [(20, 60), (80, 60), (140, 60), (200, 60)]
+    assert chunks[-1][0].samples is False and chunk_feeds(r, 70, 4)[-1][0].samples is True

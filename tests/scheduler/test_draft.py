@@ -1,0 +1,62 @@
+"""Draft: a round's decisions so far, and the state later decisions must see."""
+
+from __future__ import annotations
+
+import pytest
+
+from executors.types import Priority
+from scheduler.draft import Draft
+from scheduler.plan import Feed, Plan
+from tests.scheduler.views import make_view, req, single
+
+
+def test_admission_takes_kv_and_makes_the_request_runnable() -> None:
+    a = req("a", prompt=40, max_tokens=8)  # 48 tokens: 3 blocks of 16
+    draft = Draft(make_view(waiting=[a], free_blocks=4))
+    admitted = draft.admit(a, single("cpu:0"))
+    assert draft.free_blocks("cpu:0") == 1 and draft.free_blocks("cpu:1") == 4
+    assert draft.waiting(Priority.LOW) == [] and draft.runnable() == [admitted]
+    assert admitted.placement == single("cpu:0") and admitted.kv_blocks == (("cpu:0", 3),)
+    assert not draft.can_reserve({"cpu:0"}, 48)
+    with pytest.raises(ValueError):
+        draft.admit(req("b"), single("cpu:0"))
+    assert [a.rid for a in draft.decision.admissions] == ["a"]
+
+
+def test_preemption_returns_kv_and_puts_the_victim_first_in_line() -> None:
+    old = req("old", placement=single("cpu:0"), computed=40, output=1, blocks=3)
+    queued = req("q", arrival=1.0)
+    draft = Draft(make_view(waiting=[queued], runnable=[old], free_blocks=0))
+    draft.preempt(old, "kv for hp")
+    assert draft.free_blocks("cpu:0") == 3 and draft.runnable() == []
+    first = draft.waiting(Priority.LOW)[0]
+    assert first.rid == "old" and first.placement is None and first.num_computed == 0
+    assert [(p.rid, p.reason) for p in draft.decision.preemptions] == [("old", "kv for hp")]
+
+
+def test_an_issued_plan_joins_the_snapshot_and_the_loads() -> None:
+    r = req("r", placement=single("cpu:1"), blocks=3)
+    draft = Draft(make_view(runnable=[r], now=5.0))
+    base = draft.baseline()
+    plan = draft.view.builder.build(Plan(Priority.LOW, single("cpu:1"), [[Feed(r, 0, 40)]]))
+    draft.issue(plan)
+    assert draft.runnable() == [] and draft.load("cpu:1") > 0 == draft.load("cpu:0")
+    assert draft.prefills("cpu:1", Priority.LOW) == 1
+    ids = {o.op_id for o in draft.snapshot().ops}
+    assert {o.op_id for o in plan.ops} <= ids
+    assert all(o.issued_at == 5.0 for o in draft.snapshot().ops)
+    assert draft.baseline() is not base and draft.baseline().end > 5.0
+
+
+def test_a_step_that_raises_fails_its_requests_and_the_round_goes_on() -> None:
+    a, b = req("a"), req("b", arrival=1.0)
+    draft = Draft(make_view(waiting=[a, b]))
+
+    def boom() -> None:
+        raise ZeroDivisionError("boom")
+    assert draft.attempt(["a"], boom) is None
+    assert [r.rid for r in draft.waiting(Priority.LOW)] == ["b"]
+    (failure,) = draft.decision.failures
+    assert failure.rids == ("a",) and "ZeroDivisionError: boom" in failure.error
+    assert "boom" in failure.traceback
+    assert draft.attempt(["b"], lambda: 7) == 7
