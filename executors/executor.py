@@ -59,13 +59,20 @@ class Executor:
     def enqueue(self, op: OpInstance) -> None:
         """Queue `op` (a FAILED op is re-issued for a retry; see `dispatch.mark_issued`).
         On a dead executor the op fails at once."""
+        self.enqueue_many([op])
+
+    def enqueue_many(self, ops: list[OpInstance]) -> None:
+        """Queue several ops under one lock, waking the worker once."""
         with self._cond:
             if self.alive:
-                mark_issued(op, time.monotonic())
-                self._pending.append(op)
+                now = time.monotonic()
+                for op in ops:
+                    mark_issued(op, now)
+                self._pending.extend(ops)
                 self._cond.notify()
                 return
-        self._fail(op, RuntimeError(f"executor {self.device.name} is dead"))
+        for op in ops:
+            self._fail(op, RuntimeError(f"executor {self.device.name} is dead"))
 
     def cancel(self, ops: set[OpInstance]) -> list[OpInstance]:
         """Remove queued (not running) ops; returns the ones removed."""

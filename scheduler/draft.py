@@ -18,9 +18,8 @@ from executors.types import Priority
 from scheduler.decision import Admission, Failure, Preemption, RoundDecision
 from scheduler.gmg import Snapshot
 from scheduler.plan import Plan, to_candidate
-from scheduler.plan import sim_ops as plan_sim_ops
 from scheduler.requestview import Placement, RequestView
-from scheduler.simulator import Prediction, simulate
+from scheduler.simulator import Candidate, Prediction, simulate
 from scheduler.view import RoundView
 
 T = TypeVar("T")
@@ -96,7 +95,12 @@ class Draft:
 
     def simulate(self, plan: Plan) -> Prediction:
         """Predict the devices with `plan` issued now on top of the snapshot."""
-        return self._sim(self.snapshot(), to_candidate(plan, {}))
+        return self._sim(self.snapshot(), self._candidate(plan))
+
+    def _candidate(self, plan: Plan) -> Candidate:
+        if plan.candidate is None:  # NOTE: built once: simulated, then added to the snapshot
+            plan.candidate = to_candidate(plan, {}, self.view.now)
+        return plan.candidate
 
     # -- deciding ----------------------------------------------------------------------------
     def admit(self, req: RequestView, placement: Placement) -> RequestView:
@@ -139,7 +143,7 @@ class Draft:
         else:
             self._decodes.add((plan.placement, plan.priority))
         if self._snap is not None:
-            ops = (*self._snap.ops, *plan_sim_ops(plan, self.view.now))
+            ops = (*self._snap.ops, *self._candidate(plan).ops)
             self._snap = dataclasses.replace(self._snap, ops=ops)
         self._base = None
         self.decision.plans.append(plan)

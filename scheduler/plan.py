@@ -58,7 +58,10 @@ class Plan:
     ops: list[OpInstance] = field(default_factory=list)  # every op, in build order
     chunk_ops: list[list[OpInstance]] = field(default_factory=list)  # compute ops per chunk
     finals: list[OpInstance] = field(default_factory=list)  # last op of each chunk
+    first_tokens: dict[int, tuple[str, ...]] = field(default_factory=dict)  # op id -> requests
+    # whose first token that op (a chunk's head) samples
     predicted_first_token_s: float | None = None  # the policy's prediction, when it simulated
+    candidate: Candidate | None = field(default=None, repr=False)  # its simulator records
     cancelled: bool = False  # its only request was aborted; queued ops were withdrawn
 
     @property
@@ -113,10 +116,15 @@ class Builder:
 
     def build(self, plan: Plan) -> Plan:
         """Fill `plan.ops`, `plan.chunk_ops` and `plan.finals` (new op ids)."""
-        plan.ops, plan.chunk_ops, plan.finals = [], [], []
+        plan.ops, plan.chunk_ops, plan.finals, plan.candidate = [], [], [], None
         prev_chunk: dict[int, OpInstance] = {}
         for chunk in plan.chunks:
             prev_chunk = self._chunk(plan, chunk, prev_chunk)
+        plan.first_tokens = {}
+        for chunk, final in zip(plan.chunks, plan.finals, strict=True):
+            rids = tuple(f.rid for f in chunk if f.first_token)
+            if rids:
+                plan.first_tokens[final.op_id] = rids
         return plan
 
     def _chunk(self, plan: Plan, chunk: list[Feed], prev_chunk: dict[int, OpInstance]
@@ -148,24 +156,14 @@ class Builder:
         return mine
 
 
-def to_candidate(plan: Plan, kv_bytes: dict[str, int]) -> Candidate:
-    """The plan's ops as simulator records (issued now, nothing done yet)."""
-    return Candidate(sim_ops(plan, 0.0), kv_bytes)
-
-
 def sim_ops(plan: Plan, issued_at: float) -> tuple[SimOp, ...]:
     """The plan's ops as simulator records, issued at `issued_at`."""
-    firsts = first_token_ops(plan)
+    firsts = plan.first_tokens
     return tuple(SimOp(op.op_id, op.name, op.device, op.priority,
                        tuple(d.op_id for d in op.deps), op.est_s, issued_at, None, op.mem_bytes,
                        firsts.get(op.op_id, ()), issued_at) for op in plan.ops)
 
 
-def first_token_ops(plan: Plan) -> dict[int, tuple[str, ...]]:
-    """op id -> requests whose first token that op (a chunk's head) produces."""
-    out: dict[int, tuple[str, ...]] = {}
-    for chunk, final in zip(plan.chunks, plan.finals, strict=True):
-        rids = tuple(f.rid for f in chunk if f.first_token)
-        if rids:
-            out[final.op_id] = rids
-    return out
+def to_candidate(plan: Plan, kv_bytes: dict[str, int], issued_at: float = 0.0) -> Candidate:
+    """The plan's ops as a simulator candidate (the simulator issues them at its `now`)."""
+    return Candidate(sim_ops(plan, issued_at), kv_bytes)

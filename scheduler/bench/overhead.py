@@ -64,7 +64,7 @@ async def _case(model: Model, sched: Scheduler, ctx: int, total: int, block: int
 
 
 def one_thread(device: Device, run: RunOp, done: OnDone,
-               loop: asyncio.AbstractEventLoop) -> Executor:
+               loop: asyncio.AbstractEventLoop | None) -> Executor:
     return Executor(device, run, done, loop, intra_op_threads=1)
 
 
