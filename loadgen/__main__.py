@@ -52,6 +52,7 @@ def _bench(args: argparse.Namespace) -> int:
         policies=_names(args.policies), peers=_names(args.peers), model=args.model,
         devices=args.devices, dtype=args.dtype, max_model_len=args.max_model_len,
         batch=args.batch, tail_s=args.tail, slo_ms=args.slo_ms,
+        alone_policy=args.alone_policy, slo_factor=args.slo_factor,
         serve_args=tuple(args.serve_arg), ready_timeout_s=args.ready_timeout,
         peer_ready_timeout_s=args.peer_ready_timeout, drain_timeout_s=args.drain_timeout,
         request_timeout_s=args.request_timeout, warmup_requests=args.warmup,
@@ -125,7 +126,12 @@ def _bench_parser(b: argparse.ArgumentParser) -> None:
     b.add_argument("--tail", type=float, default=2.0,
                    help="mixed runs send for the interactive trace's span + this many seconds")
     b.add_argument("--slo-ms", type=float, default=None,
-                   help="interactive TTFT SLO (default: measured: p90 TTFT alone under static)")
+                   help="interactive TTFT SLO (default: measured: p90 TTFT alone, see below)")
+    b.add_argument("--alone-policy", default="static",
+                   help="policy of the interactive-alone run that sets the SLO (default: "
+                        "%(default)s; slice: the floor mixed runs are compared with)")
+    b.add_argument("--slo-factor", type=float, default=1.0,
+                   help="SLO = this x the alone run's p90 TTFT (default: %(default)s)")
     b.add_argument("--serve-cmd", default=None,
                    help="command that starts slicegate (default: PYTHON -m gateway serve)")
     b.add_argument("--serve-arg", action="append", default=[],
