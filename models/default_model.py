@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import platformdirs
@@ -109,7 +109,7 @@ def _build_default(out: Path) -> None:
     add_generation_defaults(out, RECOMMENDED_SAMPLING)
 
 
-def add_generation_defaults(folder: Path, values: dict[str, object]) -> None:
+def add_generation_defaults(folder: Path, values: Mapping[str, object]) -> None:
     """Merge `values` into the folder's generation_config.json (created if missing)."""
     path = folder / "generation_config.json"
     config = json.loads(path.read_text()) if path.is_file() else {}
