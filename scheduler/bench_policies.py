@@ -1,9 +1,9 @@
 """`python -m scheduler bench policies`: the policies side by side, in process, no HTTP.
 
-A high-priority stream replayed from the Azure code trace (or the shipped
-synthetic trace) plus a closed-loop low-priority batch stream that alone
-saturates the devices. The SLO is the high-priority stream's p90 TTFT when
-replayed alone under `static` (its own share of the devices). Every policy
+A high-priority stream replayed from the Azure code trace (`loadgen.public_traces`)
+plus a closed-loop low-priority batch stream that alone saturates the devices.
+The SLO is the high-priority stream's p90 TTFT when replayed alone under
+`static` (its own share of the devices). Every policy
 runs `--repeats` times, interleaved; the table shows medians.
 """
 
@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from executors.types import Priority
+from loadgen.public_traces import AZURE_CODE, require_trace
 from loadgen.traces import TraceRequest, load_trace
 from models.loader import Model, load
 from models.sampling_params import SamplingParams
@@ -31,9 +32,6 @@ from scheduler.factory import build_scheduler, parse_devices
 from scheduler.ieg import Request
 from scheduler.profiling import load_or_profile
 from scheduler.scheduler import Scheduler
-
-AZURE_CODE = Path(__file__).resolve().parents[2] / "shared" / "traces" / \
-    "AzureLLMInferenceTrace_code.csv.gz"
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +59,7 @@ class Run:
 
 
 def hp_trace(w: Workload) -> list[TraceRequest]:
-    spec = str(AZURE_CODE) if AZURE_CODE.is_file() else "synthetic-coding"
+    spec = str(require_trace(AZURE_CODE, "python -m scheduler bench policies"))
     reqs = load_trace(spec, window_s=(w.window_start_s, float("inf")), rate_scale=w.rate_scale,
                       max_requests=w.hp_requests)
     return [TraceRequest(r.arrival_s, max(1, min(w.max_prompt, round(r.prompt_tokens *
@@ -279,6 +277,8 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     if a.repeats < 1:
         p.error("--repeats must be >= 1")
     w = Workload(hp_requests=a.hp_requests, rate_scale=a.rate_scale)
+    if not a.lone_only:  # NOTE: a missing trace fails before minutes of loading and profiling
+        require_trace(AZURE_CODE, "python -m scheduler bench policies")
     model = load(a.model, dtype=a.dtype)
     est = load_or_profile(model, parse_devices(a.devices, a.device_memory_gib))
     if a.lone_only:
@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     fresh = load_or_profile(model, parse_devices(a.devices, a.device_memory_gib))
     lone = _lone_rows(model, fresh, a.devices, a.device_memory_gib, a.lone_repeats)
     _print(rows, slo, lone, a.repeats)
-    trace = "AzureLLMInferenceTrace_code" if AZURE_CODE.is_file() else "synthetic-coding"
+    trace = "AzureLLMInferenceTrace_code"
     result: dict[str, object] = {
         "slo_s": slo, "hp_alone": _row(alone, slo), "policies": rows, "repeats": runs,
         "lone_prefill": lone, "workload": asdict(w), "trace": trace, "model": a.model,
