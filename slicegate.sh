@@ -46,24 +46,34 @@ ensure_deps() {
     want="$("$PY" -c 'import hashlib, sys; print(hashlib.sha256(open(sys.argv[1], "rb").read()).hexdigest())' pyproject.toml)"
     [[ -f "$STAMP" ]] && have="$(<"$STAMP")"
     [[ "$want" == "$have" ]] && return
-    log "installing slicegate and its dependencies into $VENV"
-    local pip_log="$VENV/.slicegate-pip.log"
-    if ! "$PY" -m pip install -q -e '.[dev]' >"$pip_log" 2>&1; then
+    local pip_log="$VENV/.slicegate-pip.log" started=$SECONDS
+    if [[ -f "$STAMP" ]]; then
+        log "pyproject.toml changed: updating the dependencies in $VENV"
+    else
+        log "installing slicegate and its dependencies (torch CPU, transformers, fastapi, ...)" \
+            "into $VENV; on a fresh machine this takes about 2 minutes"
+    fi
+    log "progress: tail -f $pip_log"
+    if ! "$PY" -m pip install --progress-bar off -e '.[dev]' >"$pip_log" 2>&1; then
         tail -n 40 "$pip_log" >&2
         die "pip install failed (full log: $pip_log)"
     fi
     echo "$want" >"$STAMP"
+    log "dependencies installed in $((SECONDS - started)) s"
 }
 
 setup() {
     ensure_venv
     ensure_deps
+    # NOTE: instant once prepared; the first time it downloads ~100 MB and converts (~30 s).
     "$PY" -m models prepare default
 }
 
 serve() {
     setup
     if [[ -f gateway/__main__.py ]]; then
+        log "starting the server: python -m gateway serve $*"
+        log "it loads the model and measures its operators first (~30 s); ready at 'Uvicorn running'"
         exec "$PY" -m gateway serve "$@"
     fi
     exec "$PY" -m models generate --model default --chat \

@@ -17,6 +17,7 @@ from gateway.tenants import TenantsFileError
 _OVERRIDES = {
     "model": "model.spec", "served_model_name": "model.served_model_name",
     "dtype": "model.dtype", "max_model_len": "model.max_model_len",
+    "generation_config": "model.generation_config",
     "devices": "scheduler.devices", "device_memory_gib": "scheduler.device_memory_gib",
     "policy": "scheduler.policy", "tenants": "tenants_file", "host": "server.host",
     "port": "server.port", "drain_timeout": "server.drain_timeout_s",
@@ -34,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--served-model-name", help="the model name clients send")
     s.add_argument("--dtype", choices=DTYPES)
     s.add_argument("--max-model-len", type=int, help="context limit in tokens")
+    s.add_argument("--generation-config", metavar="auto|none|DIR",
+                   help="sampling defaults for what requests omit: the model folder's "
+                        "generation_config.json (auto, the default), none, or DIR's")
     s.add_argument("--devices", help="e.g. cuda:0,cuda:1 (default: every GPU, else cpu:0,cpu:1)")
     s.add_argument("--device-memory-gib", type=float, help="memory budget per device")
     s.add_argument("--policy", choices=POLICIES)

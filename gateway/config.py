@@ -2,7 +2,8 @@
 
 A config file mirrors the tree (every key optional)::
 
-    model:     {spec: default, served_model_name: null, dtype: bfloat16, max_model_len: null}
+    model:     {spec: default, served_model_name: null, dtype: bfloat16, max_model_len: null,
+                generation_config: auto}
     scheduler: {devices: "cpu:0,cpu:1", device_memory_gib: null, policy: slice}
     server:    {host: 127.0.0.1, port: 8000, drain_timeout_s: 30, request_timeout_s: 600}
     tenants_file: tenants.yaml
@@ -58,9 +59,14 @@ class ModelSettings:
     served_model_name: str | None = None  # the `model` clients send; None = derived from spec
     dtype: str = "bfloat16"
     max_model_len: int | None = None  # None = the model's own limit
+    # sampling defaults for what requests omit: "auto" (the model folder's
+    # generation_config.json, as vLLM), "none" (OpenAI's), or a folder holding one
+    generation_config: str = "auto"
 
     def __post_init__(self) -> None:
         _require(isinstance(self.spec, str) and bool(self.spec), "model.spec", "non-empty string")
+        _require(isinstance(self.generation_config, str) and bool(self.generation_config),
+                 "model.generation_config", "'auto', 'none' or a folder")
         _require(self.dtype in DTYPES, "model.dtype", f"one of {', '.join(DTYPES)}")
         _require(self.max_model_len is None or (isinstance(self.max_model_len, int)
                                                 and self.max_model_len >= 1),

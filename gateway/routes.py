@@ -59,7 +59,8 @@ async def list_models(request: Request) -> Response:
         authenticate(tenants, authorization)
     engine = state.engine
     model = {"id": engine.served_model_name, "object": "model", "created": engine.created,
-             "owned_by": "slicegate", "max_model_len": engine.max_model_len}
+             "owned_by": "slicegate", "max_model_len": engine.max_model_len,
+             "sampling_defaults": engine.sampling_defaults.as_dict()}  # for what requests omit
     return json_response({"object": "list", "data": [model]})
 
 

@@ -71,7 +71,12 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m loadgen", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m loadgen",
+        description="Drive an OpenAI-compatible server over HTTP: replay tenants' workloads "
+                    "(replay), run slicegate's policies and peer servers side by side (bench), "
+                    "or start a model-free server for dry runs (stub). Recipes: "
+                    "loadgen/README.md.")
     sub = p.add_subparsers(dest="cmd", required=True)
     _replay_parser(sub.add_parser("replay", help="replay tenants' workloads against a server"))
     _bench_parser(sub.add_parser("bench", help="slicegate policies and peers side by side"))
@@ -119,8 +124,8 @@ def _bench_parser(b: argparse.ArgumentParser) -> None:
     b.add_argument("--dtype", default="bfloat16")
     b.add_argument("--max-model-len", type=int, default=2048)
     b.add_argument("--interactive", default=None,
-                   help="interactive tenant SOURCE (default: the Azure code trace, else "
-                        "synthetic-coding, with " + TRACE_SHAPE + ")")
+                   help="interactive tenant SOURCE (default: the Azure code trace from "
+                        "$SLICEGATE_TRACES, see docs/traces.md, with " + TRACE_SHAPE + ")")
     b.add_argument("--batch", default="concurrency=16,prompt=512,gen=64",
                    help="batch tenant SOURCE (default: %(default)s)")
     b.add_argument("--tail", type=float, default=2.0,

@@ -7,7 +7,7 @@
 2. For each policy, slicegate is started as a subprocess with a tenants file
    holding that SLO, the same mixed workload (interactive trace + a batch
    tenant) is replayed, and the server is stopped by PID.
-3. Each peer (``../shared/peers/*.sh``, same model folder) gets the same
+3. Each peer (``loadgen/peers/*.sh``, same model folder) gets the same
    workload and is held to the same absolute SLO.
 4. One table side by side, with ratios to ``fcfs``: ``bench.md``,
    ``bench.json``, overlay plots; each run's own report under ``runs/NAME/``.
@@ -33,6 +33,7 @@ from loadgen.benchtable import (
 )
 from loadgen.plots import write_plots
 from loadgen.prompts import PromptBuilder, resolve_model_folder
+from loadgen.public_traces import AZURE_CODE, require_trace
 from loadgen.replay import PromptFn, ReplayConfig, replay
 from loadgen.report import write_report
 from loadgen.servers import (
@@ -48,7 +49,6 @@ from loadgen.servers import (
 from loadgen.traces import TraceRequest
 from loadgen.workload import TenantSpec, parse_source, plan_arrivals
 
-AZURE_CODE = PEERS_DIR.parent / "traces" / "AzureLLMInferenceTrace_code.csv.gz"
 # NOTE: the recipe of `python -m scheduler bench policies` (scheduler/bench/policies.py), so the
 # two benches' tables can be read side by side.
 TRACE_SHAPE = ("max_requests=300,rate_scale=0.8,prompt_scale=0.0625,max_prompt_tokens=1024,"
@@ -59,8 +59,10 @@ ADMIN_KEY = "sk-bench-admin"
 
 
 def default_interactive() -> str:
-    """The Azure code trace when ../shared/traces has it, else the shipped synthetic one."""
-    trace = str(AZURE_CODE) if AZURE_CODE.is_file() else "synthetic-coding"
+    """The Azure code trace with TRACE_SHAPE; MissingTrace (with what to do) without a copy."""
+    trace = require_trace(AZURE_CODE, "python -m loadgen bench",
+                          instead=f"give the interactive tenant yourself, e.g. --interactive "
+                                  f"synthetic-coding,{TRACE_SHAPE} (the shipped synthetic trace)")
     return f"{trace},{TRACE_SHAPE}"
 
 
@@ -75,7 +77,7 @@ class BenchConfig:
     devices: str | None = None  # slicegate --devices; None: its default
     dtype: str = "bfloat16"  # the peer scripts serve bfloat16
     max_model_len: int = 2048  # the vLLM peer script serves 2048
-    interactive: str = field(default_factory=default_interactive)  # a tenant SOURCE
+    interactive: str | None = None  # a tenant SOURCE; None: default_interactive()
     batch: str = "concurrency=16,prompt=512,gen=64"  # a tenant SOURCE
     tail_s: float = 2.0  # mixed runs send batch work until the last interactive arrival + this
     slo_ms: float | None = None  # None: measured by the alone run
@@ -126,6 +128,9 @@ def run_bench(config: BenchConfig, command: str = "") -> dict[str, Any]:
     ``command`` is recorded as the command line that ran the bench.
     """
     started_at = _now()
+    if config.interactive is None:
+        config = replace(config, interactive=default_interactive())
+    assert config.interactive is not None
     config.out.mkdir(parents=True, exist_ok=True)
     folder = resolve_model_folder(config.model)
     interactive = TenantSpec(INTERACTIVE, KEYS[INTERACTIVE], parse_source(config.interactive),

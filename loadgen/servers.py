@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 
-PEERS_DIR = Path(__file__).resolve().parents[2] / "shared" / "peers"
+PEERS_DIR = Path(__file__).resolve().parent / "peers"  # vllm-cpu.sh, transformers-serve.sh
 _POLL_S = 0.5
 _LOG_TAIL_CHARS = 1500
 

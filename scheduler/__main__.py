@@ -18,7 +18,10 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     if len(args) < 2 or args[0] != "bench" or args[1] not in BENCHES:
         sys.exit(f"usage: python -m scheduler bench {{{'|'.join(BENCHES)}}} [--json FILE] ...")
-    BENCHES[args[1]](args[2:])
+    try:
+        BENCHES[args[1]](args[2:])
+    except FileNotFoundError as exc:  # a model or a public trace that is not here
+        sys.exit(f"error: {exc}")
 
 
 if __name__ == "__main__":

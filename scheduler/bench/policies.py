@@ -1,9 +1,9 @@
 """`python -m scheduler bench policies`: the policies side by side, in process, no HTTP.
 
-A high-priority stream replayed from the Azure code trace (or the shipped
-synthetic trace) plus a closed-loop low-priority batch stream that alone
-saturates the devices. The SLO is the high-priority stream's p90 TTFT when
-replayed alone under `static` (its own share of the devices). Every policy
+A high-priority stream replayed from the Azure code trace (`loadgen.public_traces`)
+plus a closed-loop low-priority batch stream that alone saturates the devices.
+The SLO is the high-priority stream's p90 TTFT when replayed alone under
+`static` (its own share of the devices). Every policy
 runs `--repeats` times, interleaved; the table shows medians.
 """
 
@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from executors.types import Priority
+from loadgen.public_traces import AZURE_CODE, require_trace
 from loadgen.traces import TraceRequest, load_trace
 from models.loader import Model, load
 from models.sampling_params import SamplingParams
@@ -31,9 +32,6 @@ from scheduler.factory import build_scheduler, parse_devices
 from scheduler.ieg import Request
 from scheduler.profiling import load_or_profile
 from scheduler.scheduler import Scheduler
-
-AZURE_CODE = Path(__file__).resolve().parents[3] / "shared" / "traces" / \
-    "AzureLLMInferenceTrace_code.csv.gz"
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,10 +68,7 @@ class Run:
 
 
 def hp_trace(w: Workload) -> list[TraceRequest]:
-    if not AZURE_CODE.is_file() and w.window_start_s:
-        raise FileNotFoundError(f"this recipe replays a window of the Azure LLM inference trace "
-                                f"2023 (code), expected at {AZURE_CODE}")
-    spec = str(AZURE_CODE) if AZURE_CODE.is_file() else "synthetic-coding"
+    spec = str(require_trace(AZURE_CODE, "python -m scheduler bench policies"))
     reqs = load_trace(spec, window_s=(w.window_start_s, float("inf")), rate_scale=w.rate_scale,
                       max_requests=w.hp_requests)
     return [TraceRequest(r.arrival_s, max(1, min(w.max_prompt, round(r.prompt_tokens *
@@ -317,6 +312,8 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     w = RECIPES[a.recipe]
     overrides = {"hp_requests": a.hp_requests, "rate_scale": a.rate_scale}
     w = replace(w, **{k: v for k, v in overrides.items() if v is not None})
+    if not a.lone_only:  # NOTE: a missing trace fails before minutes of loading and profiling
+        require_trace(AZURE_CODE, "python -m scheduler bench policies")
     model = load(a.model, dtype=a.dtype)
     est = load_or_profile(model, parse_devices(a.devices, a.device_memory_gib))
     if a.lone_only:
@@ -344,7 +341,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     _print(rows, slo, lone, a.repeats)
     goals = goal_lines(rows)
     print("\n" + "\n".join(goals))
-    trace = "AzureLLMInferenceTrace_code" if AZURE_CODE.is_file() else "synthetic-coding"
+    trace = "AzureLLMInferenceTrace_code"
     result: dict[str, object] = {
         "slo_s": slo, "hp_alone": _row(alone, slo), "policies": rows, "repeats": runs,
         "lone_prefill": lone, "recipe": a.recipe, "workload": asdict(w), "trace": trace,

@@ -35,6 +35,9 @@ async def test_yaml_file_then_cli_overrides(tmp_path: Path) -> None:
     config = config_from_args(args)
     assert config.model.spec == "tiny-random" and config.model.max_model_len == 512
     assert config.served_model_name == "m"
+    assert config.model.generation_config == "auto"  # as vLLM: the model folder's defaults
+    none = config_from_args(build_parser().parse_args(["serve", "--generation-config", "none"]))
+    assert none.model.generation_config == "none"
     assert config.scheduler.devices == ("cpu:3",) and config.scheduler.policy == "fcfs"
     assert config.server.port == 9100 and config.server.drain_timeout_s == 5
     assert config.tenants.tenant_for("sk-ide-1") is not None
@@ -57,6 +60,7 @@ async def test_toml_file(tmp_path: Path) -> None:
     ("server: {port: 70000}\n", "server.port"),
     ("server: {drain_timeout_s: 0}\n", "server.drain_timeout_s"),
     ("model: 5\n", "model: expected a mapping"),
+    ("model: {generation_config: ''}\n", "model.generation_config"),
 ])
 async def test_invalid(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "bad.yaml"

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
+from loadgen import public_traces
+from scheduler.__main__ import main as scheduler_main
+from scheduler.bench import policies
 from scheduler.bench.policies import goal_lines, main, medians, repeated
 
 
@@ -52,3 +56,13 @@ def test_goals_are_checked_on_the_medians() -> None:
 def test_repeats_must_be_positive() -> None:
     with pytest.raises(SystemExit):
         main(["--repeats", "0"])
+
+
+def test_without_the_trace_it_fails_before_loading_the_model(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(public_traces.TRACES_ENV, str(tmp_path))
+    monkeypatch.setattr(public_traces, "_BESIDE_REPO", tmp_path / "none")
+    monkeypatch.setattr(policies, "load", lambda *a, **k: pytest.fail("loaded a model"))
+    with pytest.raises(SystemExit) as info:
+        scheduler_main(["bench", "policies"])
+    assert "error: python -m scheduler bench policies replays the Azure LLM" in str(info.value)
