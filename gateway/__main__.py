@@ -21,6 +21,7 @@ _OVERRIDES = {
     "policy": "scheduler.policy", "tenants": "tenants_file", "host": "server.host",
     "port": "server.port", "drain_timeout": "server.drain_timeout_s",
     "request_timeout": "server.request_timeout_s", "log_level": "server.log_level",
+    "data_dir": "batch.data_dir",
 }
 
 
@@ -43,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--drain-timeout", type=float, help="SIGTERM: seconds to finish in-flight")
     s.add_argument("--request-timeout", type=float, help="total deadline of one request, s")
     s.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+    s.add_argument("--data-dir", help="Batch API files and state (default: the user data dir, "
+                                      "or $SLICEGATE_DATA_DIR)")
     return parser
 
 

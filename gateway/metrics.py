@@ -11,6 +11,7 @@ from collections.abc import Iterable, Iterator
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from gateway.recent import RecentRequests
 from gateway.tenants import Tenant
 from scheduler.api import SchedulerStats
 
@@ -104,6 +105,7 @@ class GatewayMetrics:
                                     registry=r)
         self._stats = _StatsCollector(model_name)
         r.register(self._stats)
+        self.recent = RecentRequests()  # per-request records for /admin/timeline
 
     def set_tenants(self, tenants: Iterable[Tenant]) -> None:
         for tenant in tenants:

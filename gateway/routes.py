@@ -71,6 +71,9 @@ async def health(request: Request) -> Response:
     if not state.engine.scheduler.stats().healthy:
         return json_response({"status": "unhealthy", "detail": "an executor died"},
                              status_code=503)
+    problem = state.batches.problem
+    if problem is not None:
+        return json_response({"status": "unhealthy", "detail": problem}, status_code=503)
     return json_response({"status": "ok"})
 
 
@@ -90,7 +93,9 @@ async def admin_gmg(request: Request) -> Response:
 
 @router.get("/admin/timeline")
 async def admin_timeline(request: Request) -> Response:
-    """Op executions since monotonic time `since` (default: all kept); `now` for the next poll."""
+    """Op executions since monotonic time `since` (default: all kept), each with the tenants
+    of its requests, and the requests finished since then with their TTFT and SLO; `now` is
+    the `since` of the next poll."""
     state = state_of(request)
     authorize_admin(state.config.tenants, request.headers.get("authorization"))
     raw = request.query_params.get("since", "0")
@@ -100,5 +105,8 @@ async def admin_timeline(request: Request) -> Response:
         since = float("nan")
     if not is_number(since):
         raise invalid("since", f"'since' must be a number of seconds, got {clip(raw)}.")
-    events = state.engine.scheduler.timeline(since)
-    return json_response({"now": time.monotonic(), "since": since, "events": events})
+    recent = state.metrics.recent
+    events = [{**e, "tenants": sorted({recent.owner(r) or "?" for r in e.get("requests", ())})}
+              for e in state.engine.scheduler.timeline(since)]
+    return json_response({"now": time.monotonic(), "since": since, "events": events,
+                          "requests": recent.finished_since(since)})
