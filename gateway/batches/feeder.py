@@ -26,7 +26,15 @@ from dataclasses import dataclass, field
 from gateway.batches.files import FileStorage
 from gateway.batches.finalize import close_unanswered, write_files
 from gateway.batches.lines import Line, read_input
-from gateway.batches.runner import Answered, Outcome, Retry, Started, finish, prepare
+from gateway.batches.runner import (
+    Answered,
+    Outcome,
+    Retry,
+    Started,
+    close_job,
+    finish,
+    prepare,
+)
 from gateway.batches.store import Store
 from gateway.batches.types import BatchRecord, BatchStatus, LineState, result_line
 from gateway.config import BatchSettings
@@ -109,6 +117,7 @@ class Feeder:
         self._task: asyncio.Task[None] | None = None
         self.error: str | None = None  # the last failure, until a step succeeds
         self.dead = False
+        self._stopping = False
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -118,6 +127,7 @@ class Feeder:
 
     async def stop(self) -> None:
         """Stop feeding; lines in flight are aborted and stay pending for the next start."""
+        self._stopping = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -150,7 +160,7 @@ class Feeder:
 
     async def _loop(self) -> None:
         failures = 0
-        while True:
+        while not self._stopping:
             try:
                 await self._step()
                 failures, self.error = 0, None
@@ -171,8 +181,11 @@ class Feeder:
         blocked = [c.not_before - now for c in self._cursors.values() if c.not_before > now]
         if blocked:
             timeout = min(timeout, max(min(blocked), BUSY_WAIT_S))
+        # NOTE: asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
+        # that arrives as the event is set, and stop() would then wait forever.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self._wake.wait()
         self._wake.clear()
 
     # ---- batches -------------------------------------------------------------------------
@@ -235,6 +248,7 @@ class Feeder:
         if errors:
             self._fail(batch, errors, now)
         elif await asyncio.to_thread(self._store.start_batch, batch.id, lines, now):
+            self._wake.set()  # its lines are ready: feed them at the next step, not a second on
             logger.info("batch %s of %s: %d lines in progress", batch.id, batch.tenant,
                         len(lines))
 
@@ -344,10 +358,14 @@ class Feeder:
             cursor.retry.append(line)
 
     async def _abort(self, which: Callable[[_Running], bool]) -> None:
-        tasks = [r.task for r in list(self._running.values()) if which(r) and r.task is not None]
+        entries = [r for r in list(self._running.values()) if which(r)]
+        tasks = [r.task for r in entries if r.task is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        for r in entries:  # NOTE: a task cancelled before its first step never closed its job
+            close_job(r.started.job)
+            self._running.pop((r.batch_id, r.line[0]), None)
 
 
 def _internal_error(line: Line, exc: Exception) -> Answered:

@@ -84,16 +84,21 @@ def _page(items: list[Any], limit: int) -> dict[str, Any]:
 @router.post("/v1/files")
 async def create_file(request: Request) -> Response:
     state, batches, tenant = _context(request)
-    form = await request.form(max_files=1, max_fields=8)
-    purpose = form.get("purpose")
-    if not isinstance(purpose, str):
-        raise invalid("purpose", "'purpose' is required.", code="missing_required_parameter")
-    if purpose != INPUT_PURPOSE:
-        raise invalid("purpose", f"Only purpose 'batch' is supported, got {clip(purpose)}.")
-    upload = form.get("file")
-    if not isinstance(upload, UploadFile):
-        raise invalid("file", "'file' is required: a JSONL file sent as multipart form data.",
-                      code="missing_required_parameter")
+    async with request.form(max_files=1, max_fields=8) as form:
+        purpose, upload = form.get("purpose"), form.get("file")
+        if not isinstance(purpose, str):
+            raise invalid("purpose", "'purpose' is required.", code="missing_required_parameter")
+        if purpose != INPUT_PURPOSE:
+            raise invalid("purpose", f"Only purpose 'batch' is supported, got {clip(purpose)}.")
+        if not isinstance(upload, UploadFile):
+            raise invalid("file", "'file' is required: a JSONL file sent as multipart form "
+                                  "data.", code="missing_required_parameter")
+        record = await _import(state, batches, tenant, upload)
+    return json_response(record.to_json())
+
+
+async def _import(state: AppState, batches: BatchService, tenant: Tenant,
+                  upload: UploadFile) -> FileRecord:
     file_id = new_id("file-")
     engine, server = state.engine, state.config.server
     try:
@@ -103,17 +108,15 @@ async def create_file(request: Request) -> Response:
             batches.settings.max_file_bytes, batches.settings.max_file_lines)
     except UploadRejected as exc:
         raise invalid("file", str(exc), code="invalid_batch_input") from None
-    finally:
-        await upload.close()
-    record = FileRecord(file_id, tenant.name, (upload.filename or "input.jsonl")[
-        :MAX_FILENAME_CHARS], INPUT_PURPOSE, imported.bytes, int(time.time()),
-        imported.num_lines, tuple(sorted(imported.urls)))
+    filename = (upload.filename or "input.jsonl")[:MAX_FILENAME_CHARS]
+    record = FileRecord(file_id, tenant.name, filename, INPUT_PURPOSE, imported.bytes,
+                        int(time.time()), imported.num_lines, tuple(sorted(imported.urls)))
     try:
         batches.store.add_file(record)
     except BaseException:
         batches.storage.remove(file_id)
         raise
-    return json_response(record.to_json())
+    return record
 
 
 @router.get("/v1/files")

@@ -104,9 +104,14 @@ async def finish(started: Started, custom_id: str) -> Outcome:
     except ApiError as exc:
         return _from_error(exc, started.request_id, custom_id)
     finally:
-        for generation in job.generations:
-            generation.close()
-        job.finish()
+        close_job(job)
     if any(choice["finish_reason"] == "abort" for choice in body["choices"]):
         return Retry(0.0, "the line was aborted")
     return _answer(started.request_id, custom_id, 200, body)
+
+
+def close_job(job: Job) -> None:
+    """Abort whatever of the job still runs and settle its quota. Idempotent."""
+    for generation in job.generations:
+        generation.close()
+    job.finish()
