@@ -20,6 +20,19 @@ async def test_defaults() -> None:
     assert config.scheduler.devices == ("cpu:0", "cpu:1")  # no GPU on the test machine
     assert (config.server.host, config.server.port) == ("127.0.0.1", 8000)
     assert not config.tenants.auth_enabled
+    assert config.batch.data_dir is None and config.batch.max_file_lines == 50_000
+
+
+async def test_data_dir_from_flag_env_or_user_data_dir(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    args = build_parser().parse_args(["serve", "--data-dir", str(tmp_path / "d")])
+    assert config_from_args(args).batch.resolved_data_dir == str(tmp_path / "d")
+    monkeypatch.setenv("SLICEGATE_DATA_DIR", str(tmp_path / "env"))
+    assert GatewayConfig().batch.resolved_data_dir == str(tmp_path / "env")
+    monkeypatch.delenv("SLICEGATE_DATA_DIR")
+    assert GatewayConfig().batch.resolved_data_dir.endswith("slicegate")
+    with pytest.raises(ConfigError, match="batch.max_waiting"):
+        load_config(None, {"batch.max_waiting": 0})
 
 
 async def test_yaml_file_then_cli_overrides(tmp_path: Path) -> None:
