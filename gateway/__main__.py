@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from gateway.batches.service import DataDirBusy, check_data_dir
 from gateway.config import DTYPES, POLICIES, ConfigError, GatewayConfig, load_config
 from gateway.engine import build_engine
 from gateway.server import serve
@@ -60,6 +61,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = config_from_args(args)
     except (ConfigError, TenantsFileError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        check_data_dir(config.batch.resolved_data_dir)  # before minutes of model loading
+    except (DataDirBusy, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=config.server.log_level.upper(),

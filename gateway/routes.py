@@ -106,7 +106,10 @@ async def admin_timeline(request: Request) -> Response:
     if not is_number(since):
         raise invalid("since", f"'since' must be a number of seconds, got {clip(raw)}.")
     recent = state.metrics.recent
-    events = [{**e, "tenants": sorted({recent.owner(r) or "?" for r in e.get("requests", ())})}
+    # NOTE: request ids become tenant names here; the ids themselves stay out of the answer,
+    # which the admin page polls twice a second.
+    events = [{**{k: v for k, v in e.items() if k != "requests"},
+               "tenants": sorted({recent.owner(r) or "?" for r in e.get("requests", ())})}
               for e in state.engine.scheduler.timeline(since)]
     return json_response({"now": time.monotonic(), "since": since, "events": events,
                           "requests": recent.finished_since(since)})

@@ -50,6 +50,11 @@ def lock_data_dir(data_dir: Path) -> int:
     return fd
 
 
+def check_data_dir(data_dir: str) -> None:
+    """Raise DataDirBusy (or OSError) now if `data_dir` cannot be locked; holds nothing."""
+    os.close(lock_data_dir(Path(data_dir).expanduser()))
+
+
 class BatchService:
     """Store, file storage and feeder of one app (`app.state.gateway.batches`)."""
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import pytest
 
 from gateway.__main__ import build_parser, config_from_args, main
+from gateway.batches.service import lock_data_dir
 from gateway.config import ConfigError, GatewayConfig, ServerSettings, load_config
 from tests.gateway.harness import TENANTS_YAML
 
@@ -92,3 +94,13 @@ async def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert f"{bad}:4: tenants[0].priority" in capsys.readouterr().err
     assert main(["serve", "--model", "no/such-model", "--port", "0"]) == 1
     assert "no/such-model" in capsys.readouterr().err
+
+
+async def test_serve_refuses_a_data_dir_another_server_holds(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    held = lock_data_dir(tmp_path / "data")
+    try:
+        assert main(["serve", "--data-dir", str(tmp_path / "data")]) == 2
+    finally:
+        os.close(held)
+    assert "another slicegate server uses the data dir" in capsys.readouterr().err
