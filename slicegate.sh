@@ -80,9 +80,27 @@ serve() {
         --prompt "${PROMPT:-What is the capital of France?}" --max-tokens 32 "$@"
 }
 
+# NOTE: the browser test drives Debian's chromium (Playwright's own browser download is not
+# reachable everywhere). Installed once where apt-get can run as root; quick when present.
+ensure_chromium() {
+    command -v chromium >/dev/null 2>&1 && return
+    if [[ "$(id -u)" -ne 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
+        log "no chromium and no root apt-get: the browser test will be skipped"
+        return
+    fi
+    log "installing Debian's chromium for the browser test"
+    local apt_log="$VENV/.slicegate-apt.log"
+    if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+            apt-get install -y -qq chromium; } >"$apt_log" 2>&1; then
+        tail -n 20 "$apt_log" >&2
+        die "apt-get install chromium failed (full log: $apt_log)"
+    fi
+}
+
 # Runs every check even after a failure, so one run shows all of them.
 run_tests() {
     setup
+    ensure_chromium
     local failed=()
     "$VENV/bin/ruff" check . || failed+=(ruff)
     "$VENV/bin/mypy" || failed+=(mypy)

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from gateway.batches.service import DataDirBusy, check_data_dir
 from gateway.config import DTYPES, POLICIES, ConfigError, GatewayConfig, load_config
 from gateway.engine import build_engine
 from gateway.server import serve
@@ -22,6 +23,7 @@ _OVERRIDES = {
     "policy": "scheduler.policy", "tenants": "tenants_file", "host": "server.host",
     "port": "server.port", "drain_timeout": "server.drain_timeout_s",
     "request_timeout": "server.request_timeout_s", "log_level": "server.log_level",
+    "data_dir": "batch.data_dir",
 }
 
 
@@ -47,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--drain-timeout", type=float, help="SIGTERM: seconds to finish in-flight")
     s.add_argument("--request-timeout", type=float, help="total deadline of one request, s")
     s.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+    s.add_argument("--data-dir", help="Batch API files and state (default: the user data dir, "
+                                      "or $SLICEGATE_DATA_DIR)")
     return parser
 
 
@@ -61,6 +65,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = config_from_args(args)
     except (ConfigError, TenantsFileError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        check_data_dir(config.batch.resolved_data_dir)  # before minutes of model loading
+    except (DataDirBusy, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=config.server.log_level.upper(),

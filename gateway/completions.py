@@ -64,20 +64,20 @@ def _charged_tokens(options: GenerationOptions, prompts: list[list[int]],
     return prompt_tokens + sum(max_tokens)
 
 
-def _build_job(request: Request, state: AppState, tenant: Tenant, priority: Priority,
-               options: GenerationOptions, prompts: list[list[int]], chat: bool) -> Job:
+def build_job(state: AppState, tenant: Tenant, priority: Priority, options: GenerationOptions,
+              prompts: list[list[int]], chat: bool, *, request_id: str, arrival: float,
+              ttft_slo_s: float | None) -> Job:
+    """An admitted, not yet submitted Job: limits resolved, quota charged (429 ApiError)."""
     engine, config = state.engine, state.config
     max_tokens = [resolve_max_tokens(options, len(p), engine.max_model_len, chat,
                                      engine.sampling_defaults.max_tokens) for p in prompts]
-    request_id = request_id_of(request)
     fmt = ResponseFormat(chat, f"{'chatcmpl' if chat else 'cmpl'}-{request_id}",
                          int(time.time()), engine.served_model_name, options.include_usage)
-    arrival = arrival_of(request)
     generations = [
         Generation(i, SchedulerRequest(
             request_id=f"{fmt.id}-{i}", tenant=tenant.name, priority=priority,
             prompt_token_ids=ids, sampling=_sampling(options, max_tokens[i], engine),
-            ttft_slo_s=tenant.ttft_slo_s, arrival_time=arrival,
+            ttft_slo_s=ttft_slo_s, arrival_time=arrival,
             deadline_s=config.server.request_timeout_s), engine, options.stop)
         for i, ids in enumerate(prompts)]
     lease = state.quotas.acquire(tenant, _charged_tokens(options, prompts, max_tokens, chat))
@@ -92,7 +92,9 @@ async def generate(request: Request, tenant: Tenant, options: GenerationOptions,
     priority = effective_priority(tenant.priority, request.headers.get("x-priority"),
                                   options.priority, options.service_tier)
     try:
-        job = _build_job(request, state, tenant, priority, options, prompts, chat)
+        job = build_job(state, tenant, priority, options, prompts, chat,
+                        request_id=request_id_of(request), arrival=arrival_of(request),
+                        ttft_slo_s=tenant.ttft_slo_s)
     except ApiError as exc:
         if exc.status == 429:
             state.metrics.rejected.labels(tenant.name, exc.type).inc()
@@ -107,7 +109,8 @@ async def generate(request: Request, tenant: Tenant, options: GenerationOptions,
     return json_response(result, headers=job.headers)
 
 
-async def _collect(job: Job, prompt_param: str) -> dict[str, Any]:
+async def collect(job: Job, prompt_param: str) -> dict[str, Any]:
+    """The non-streaming response body of a submitted job (a failed generation: 500 ApiError)."""
     n = len(job.generations)
     texts: list[str] = [""] * n
     finishes: list[str | None] = [None] * n
@@ -130,13 +133,13 @@ async def _collect(job: Job, prompt_param: str) -> dict[str, Any]:
 async def _collect_unless_disconnected(job: Job, receive: Receive,
                                        prompt_param: str) -> dict[str, Any] | None:
     """The response body, or None when the client went away first (the job is aborted)."""
-    collect = asyncio.ensure_future(_collect(job, prompt_param))
+    collecting = asyncio.ensure_future(collect(job, prompt_param))
     watch = asyncio.ensure_future(wait_for_disconnect(receive))
     try:
-        await asyncio.wait({collect, watch}, return_when=asyncio.FIRST_COMPLETED)
-        return collect.result() if collect.done() else None
+        await asyncio.wait({collecting, watch}, return_when=asyncio.FIRST_COMPLETED)
+        return collecting.result() if collecting.done() else None
     finally:
-        for task in (collect, watch):
+        for task in (collecting, watch):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task

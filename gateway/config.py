@@ -6,6 +6,7 @@ A config file mirrors the tree (every key optional)::
                 generation_config: auto}
     scheduler: {devices: "cpu:0,cpu:1", device_memory_gib: null, policy: slice}
     server:    {host: 127.0.0.1, port: 8000, drain_timeout_s: 30, request_timeout_s: 600}
+    batch:     {data_dir: null, max_file_bytes: 104857600, max_file_lines: 50000}
     tenants_file: tenants.yaml
 
 Precedence: built-in defaults < config file < command-line flags.
@@ -14,12 +15,14 @@ Precedence: built-in defaults < config file < command-line flags.
 from __future__ import annotations
 
 import dataclasses
+import os
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import platformdirs
 import yaml
 
 from gateway.tenants import TenantsConfig, load_tenants
@@ -114,6 +117,34 @@ class ServerSettings:
                      f"server.{key}", "a positive integer")
 
 
+def default_data_dir() -> str:
+    """`$SLICEGATE_DATA_DIR`, else slicegate's folder in the user data dir."""
+    return os.environ.get("SLICEGATE_DATA_DIR") or platformdirs.user_data_dir("slicegate")
+
+
+@dataclass(frozen=True, slots=True)
+class BatchSettings:
+    """The Batch API: where files and batch state live, upload limits, how lines are fed."""
+
+    data_dir: str | None = None  # None = default_data_dir(), resolved when the app starts
+    max_file_bytes: int = 100 << 20  # a larger upload gets 413
+    max_file_lines: int = 50_000  # requests per input file, as OpenAI's limit
+    max_in_flight: int = 32  # batch lines submitted and unfinished, over all batches
+    max_waiting: int = 2  # of those, lines not yet started (no first token): feeding pauses
+
+    def __post_init__(self) -> None:
+        _require(self.data_dir is None or (isinstance(self.data_dir, str) and bool(self.data_dir)),
+                 "batch.data_dir", "a non-empty path")
+        for key in ("max_file_bytes", "max_file_lines", "max_in_flight", "max_waiting"):
+            value = getattr(self, key)
+            _require(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+                     f"batch.{key}", "a positive integer")
+
+    @property
+    def resolved_data_dir(self) -> str:
+        return self.data_dir or default_data_dir()
+
+
 @dataclass(frozen=True, slots=True)
 class GatewayConfig:
     """Everything `create_app` and `serve` need, validated once."""
@@ -121,6 +152,7 @@ class GatewayConfig:
     model: ModelSettings = field(default_factory=ModelSettings)
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
     server: ServerSettings = field(default_factory=ServerSettings)
+    batch: BatchSettings = field(default_factory=BatchSettings)
     tenants: TenantsConfig = field(default_factory=TenantsConfig)
     tenants_file: str | None = None  # where `tenants` came from, for messages
 
@@ -129,7 +161,8 @@ class GatewayConfig:
         return self.model.served_model_name or self.model.spec
 
 
-_SECTIONS = {"model": ModelSettings, "scheduler": SchedulerSettings, "server": ServerSettings}
+_SECTIONS = {"model": ModelSettings, "scheduler": SchedulerSettings, "server": ServerSettings,
+             "batch": BatchSettings}
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:

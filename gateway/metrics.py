@@ -17,6 +17,7 @@ from prometheus_client.core import (
     Metric,
 )
 
+from gateway.recent import RecentRequests
 from gateway.tenants import Tenant
 from scheduler.api import Histogram, SchedulerStats
 
@@ -125,6 +126,7 @@ class GatewayMetrics:
                               ["tenant", "priority"], registry=r)
         self._stats = _StatsCollector(model_name)
         r.register(self._stats)
+        self.recent = RecentRequests()  # per-request records for /admin/timeline
 
     def set_tenants(self, tenants: Iterable[Tenant]) -> None:
         for tenant in tenants:

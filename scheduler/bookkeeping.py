@@ -45,7 +45,7 @@ class Bookkeeping:
         self.timeline.append({"device": op.device, "op": op.name, "role": op.role.value,
                               "class": op.priority.label, "start": op.start, "end": op.end,
                               "num_seqs": op.shape.num_seqs, "num_tokens": op.shape.num_tokens,
-                              "ok": op.error is None})
+                              "requests": op.request_ids, "ok": op.error is None})
 
     def record_ttft(self, priority: Priority, ttft_s: float, slo_s: float | None) -> None:
         if slo_s is None:

@@ -253,6 +253,7 @@ class FakeScheduler:
         best = min(s.request.priority for s in batch)
         self._timeline.append({"device": self.config.device, "op": "decode",
                                "class": best.label, "num_requests": len(batch),
+                               "requests": tuple(s.request.request_id for s in batch),
                                "start": start, "end": end})
 
     def _emit(self, slot: _Slot) -> None:
