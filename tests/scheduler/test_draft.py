@@ -11,7 +11,7 @@ from tests.scheduler.views import make_view, req, single
 
 
 def test_admission_takes_kv_and_makes_the_request_runnable() -> None:
-    a = req("a", prompt=40, max_tokens=8)  # 48 tokens: 3 blocks of 16
+    a = req("a", prompt=40, max_tokens=8)  # its 40 prompt tokens: 3 blocks of 16
     draft = Draft(make_view(waiting=[a], free_blocks=4))
     admitted = draft.admit(a, single("cpu:0"))
     assert draft.free_blocks("cpu:0") == 1 and draft.free_blocks("cpu:1") == 4
