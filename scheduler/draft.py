@@ -49,6 +49,7 @@ class Draft:
         self._snap = view.snapshot
         self._base: Prediction | None = None
         self.preempted: set[str] = set()  # requests preempted this round
+        self._queued: dict[str, RequestView] = {}  # admitted this round: its waiting view
         self.decision = RoundDecision()
 
     # -- reading -----------------------------------------------------------------------------
@@ -130,6 +131,7 @@ class Draft:
         if req.swapped:
             self._host_free += self._swap_bytes(req.num_computed)
         del self._waiting[req.priority][req.rid]
+        self._queued[req.rid] = req
         admitted = dataclasses.replace(req, placement=placement, swapped=False,
                                        kv_blocks=tuple((d, need) for d in sorted(set(placement))))
         self._runnable[req.rid] = admitted
@@ -156,10 +158,19 @@ class Draft:
 
     def preempt(self, req: RequestView, reason: str) -> None:
         """Take a runnable request's KV off its devices; it waits again, first of its class.
-        Its KV goes to host memory while the swap space has room, else it will recompute."""
+        Its KV goes to host memory while the swap space has room, else it will recompute.
+
+        NOTE: this round's growth or migration of it is dropped; if it was admitted this
+        round, the admission is undone instead (it waits as it did)."""
         r = self._runnable.pop(req.rid)
         for d, blocks in r.kv_blocks:
             self._kv_free[d] = self._kv_free.get(d, 0) + blocks
+        dec = self.decision
+        dec.growths = [g for g in dec.growths if g.rid != r.rid]
+        dec.migrations = [m for m in dec.migrations if m.rid != r.rid]
+        if r.rid in self._queued:
+            self._unadmit(self._queued.pop(r.rid))
+            return
         swap = r.num_computed > 0 and self._swap_bytes(r.num_computed) <= self._host_free
         if swap:
             self._host_free -= self._swap_bytes(r.num_computed)
@@ -168,6 +179,13 @@ class Draft:
         self._waiting[r.priority] = {r.rid: back, **self._waiting[r.priority]}
         self.preempted.add(r.rid)
         self.decision.preemptions.append(Preemption(r.rid, reason, swap))
+
+    def _unadmit(self, queued: RequestView) -> None:
+        self.decision.admissions = [a for a in self.decision.admissions if a.rid != queued.rid]
+        if queued.swapped:
+            self._host_free -= self._swap_bytes(queued.num_computed)
+        self._waiting[queued.priority] = {queued.rid: queued, **self._waiting[queued.priority]}
+        self.preempted.add(queued.rid)
 
     def migrate(self, req: RequestView, target: str) -> RequestView:
         """Gather a runnable request's KV onto `target`, which must already hold its table."""

@@ -28,6 +28,8 @@ class Requests:
         self.states: dict[str, RequestState] = {}
         self.waiting: BoundedQueues[RequestState] = BoundedQueues(queue_capacity)
         self.preemptions: dict[tuple[str, str], int] = {}  # (tenant, class) -> count
+        self.swapped_out_bytes = 0  # KV copied to host memory by preemptions, cumulative
+        self.dropped_tokens = 0  # tokens of KV dropped by preemptions (to recompute)
 
     def add(self, state: RequestState) -> None:
         self.waiting.push(state)
@@ -36,11 +38,13 @@ class Requests:
     def get(self, rid: str) -> RequestState | None:
         return self.states.get(rid)
 
-    def views(self) -> tuple[tuple[RequestView, ...], dict[Priority, tuple[RequestView, ...]]]:
-        """(runnable requests, waiting requests per class) as policies see them."""
+    def views(self) -> tuple[tuple[RequestView, ...], tuple[RequestView, ...],
+                             dict[Priority, tuple[RequestView, ...]]]:
+        """(runnable, running, waiting per class) requests as policies see them."""
         runnable = tuple(s.view() for s in self.states.values() if s.status is Status.RUNNABLE)
+        running = tuple(s.view() for s in self.states.values() if s.status is Status.RUNNING)
         waiting = {p: tuple(s.view() for s in self.waiting.queue(p)) for p in Priority}
-        return runnable, waiting
+        return runnable, running, waiting
 
     # -- commits -----------------------------------------------------------------------------
     def admit(self, a: Admission) -> RequestState:
@@ -64,9 +68,11 @@ class Requests:
         if p.swap:
             layers = layer_devices(self.template, state.placement)
             self.kv.swap_out(p.rid, state.num_computed, layers)
+            self.swapped_out_bytes += self.kv.swapped[p.rid].num_bytes
             state.status = Status.SWAPPED
         else:
             self.kv.free(p.rid)
+            self.dropped_tokens += state.num_computed
             state.num_computed, state.status = 0, Status.WAITING
         state.placement, state.tables = None, {}
         state.num_preemptions += 1

@@ -225,11 +225,12 @@ class Scheduler:
 
     def _view(self) -> RoundView:
         now = self.clock()
-        runnable, waiting = self.requests.views()
+        runnable, running, waiting = self.requests.views()
         pools = self.kv.pools
         snap = self.gmg.snapshot(now) if self.policy.uses_simulation else None
         return RoundView(
             now, self.cfg, tuple(self.devices), len(self.model.template.ops), waiting, runnable,
+            running,
             {d: p.allocator.num_free for d, p in pools.items()},
             {d: int(self.cfg.kv_watermark * p.allocator.num_blocks) for d, p in pools.items()},
             self.cfg.block_size, self.kv.swap_bytes(1), self.kv.host_free_bytes, snap,

@@ -29,6 +29,7 @@ class RoundView:
     num_ops: int  # operators in the chain
     waiting: Mapping[Priority, tuple[RequestView, ...]]  # not admitted, arrival order per class
     runnable: tuple[RequestView, ...]  # admitted, not in flight, not finished
+    running: tuple[RequestView, ...]  # in a plan in flight (they hold KV too)
     kv_free_blocks: Mapping[str, int]  # device -> free KV blocks
     kv_watermark_blocks: Mapping[str, int]  # device -> blocks admission leaves free
     block_size: int  # tokens per KV block

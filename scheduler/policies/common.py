@@ -55,16 +55,22 @@ def decode_plans(draft: Draft, priority_of: PriorityOf) -> list[Plan]:
 
 def make_room(draft: Draft, req: RequestView, num_tokens: int) -> bool:
     """Grow `req`'s KV to `num_tokens`, preempting runnable requests of its class or lower on
-    its devices (lowest class, then newest, first; `req` itself when it is that one) until
-    the blocks are there. False when `req` was preempted or must wait (it is then blocked)."""
+    its devices (lowest class, then newest, first) until the blocks are there.
+
+    When `req` itself is next in that order it gives its KV up, unless a lower class holds
+    blocks on its devices in a plan in flight: then it waits (blocked) for those to become
+    runnable and be preempted for it, as a higher class never yields to a lower one.
+    False when `req` was preempted or waits."""
+    devices = set(req.placement or ())
     while not draft.grow(req, num_tokens):
-        devices = set(req.placement or ())
         victims = [v for v in draft.runnable() if v.priority >= req.priority
                    and devices & set(v.placement or ())]
-        if not victims:
+        victim = max(victims, key=lambda v: (v.priority, v.arrival_s))
+        if victim.rid == req.rid and any(v.priority > req.priority
+                                         and devices & set(v.placement or ())
+                                         for v in draft.view.running):
             draft.block(req)
             return False
-        victim = max(victims, key=lambda v: (v.priority, v.arrival_s))
         draft.preempt(victim, f"kv for {req.rid}")
         if victim.rid == req.rid:
             return False

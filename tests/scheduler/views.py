@@ -31,7 +31,8 @@ def make_view(waiting: Iterable[RequestView] = (), runnable: Iterable[RequestVie
               free_blocks: int = 1000, now: float = 0.0, ops: tuple[SimOp, ...] = (),
               deadlines: tuple[tuple[str, float], ...] = (),
               load: dict[str, float] | None = None, cfg: SchedulerConfig = CFG,
-              watermark: int = 0, host_free_bytes: int = 0) -> RoundView:
+              watermark: int = 0, host_free_bytes: int = 0,
+              running: Iterable[RequestView] = ()) -> RoundView:
     by_class: dict[Priority, list[RequestView]] = {p: [] for p in Priority}
     for r in waiting:
         by_class[r.priority].append(r)
@@ -39,7 +40,7 @@ def make_view(waiting: Iterable[RequestView] = (), runnable: Iterable[RequestVie
     snap = Snapshot(now, ops, devs, deadlines)
     builder = Builder(weightless().template, cfg.block_size, linear_time, xfer_time)
     return RoundView(now, cfg, DEVICES, NUM_OPS, {p: tuple(v) for p, v in by_class.items()},
-                     tuple(runnable), dict.fromkeys(DEVICES, free_blocks),
+                     tuple(runnable), tuple(running), dict.fromkeys(DEVICES, free_blocks),
                      dict.fromkeys(DEVICES, watermark), cfg.block_size, BLOCK_BYTES,
                      host_free_bytes, snap, load or dict.fromkeys(DEVICES, 0.0), builder, {},
                      frozenset(), cfg.default_ttft_slo_s)

@@ -61,3 +61,40 @@ def test_chunked_pipeline_feeds_cover_the_prompt_in_order() -> None:
     spans = [(c[0].past, c[0].num_tokens) for c in chunks]
     assert spans == [(20, 60), (80, 60), (140, 60), (200, 60)]
     assert chunks[-1][0].samples is False and chunk_feeds(r, 70, 4)[-1][0].samples is True
+
+
+def test_a_full_device_preempts_the_newest_of_the_lowest_class_for_a_decode() -> None:
+    rs = [_decoding("h", Priority.HIGH), _decoding("n", Priority.NORMAL, arrival=1.0),
+          _decoding("l_old", Priority.LOW, arrival=2.0),
+          _decoding("l_new", Priority.LOW, arrival=3.0)]
+    rs = [dataclasses.replace(r, num_computed=32, prompt_len=32, kv_blocks=(("cpu:0", 2),))
+          for r in rs]  # each needs a third block for its 33rd token
+    draft = Draft(make_view(runnable=rs, free_blocks=1))
+    plans = decode_plans(draft, lambda r: r.priority)
+    # h takes the free block; n preempts l_new, which frees two: one for n, one for l_old
+    assert [p.rid for p in draft.decision.preemptions] == ["l_new"]
+    assert [p.rids for p in plans] == [("h", "n", "l_old")]
+    assert {g.rid for g in draft.decision.growths} == {"h", "n", "l_old"}
+
+
+def test_a_request_never_takes_blocks_from_a_higher_class() -> None:
+    rs = [_decoding("h", Priority.HIGH), _decoding("l", Priority.LOW, arrival=1.0)]
+    rs = [dataclasses.replace(r, num_computed=32, prompt_len=32, kv_blocks=(("cpu:0", 2),))
+          for r in rs]
+    draft = Draft(make_view(runnable=rs, free_blocks=0))
+    plans = decode_plans(draft, lambda r: r.priority)
+    # h takes l's blocks; l, the lowest and newest, preempts itself rather than h
+    assert [p.rid for p in draft.decision.preemptions] == ["l"]
+    assert [p.rids for p in plans] == [("h",)]
+
+
+def test_a_request_that_cannot_grow_gives_its_kv_up_or_waits_for_a_lower_class() -> None:
+    h = dataclasses.replace(_decoding("h", Priority.HIGH), num_computed=32, prompt_len=32,
+                            kv_blocks=(("cpu:0", 2),))
+    low = dataclasses.replace(_decoding("l", Priority.LOW), kv_blocks=(("cpu:0", 5),))
+    alone = Draft(make_view(runnable=[h], free_blocks=0))
+    assert decode_plans(alone, lambda v: v.priority) == []
+    assert [p.rid for p in alone.decision.preemptions] == ["h"] and not alone.decision.blocked
+    waits = Draft(make_view(runnable=[h], running=[low], free_blocks=0))
+    assert decode_plans(waits, lambda v: v.priority) == []
+    assert waits.decision.blocked == ["h"] and not waits.decision.preemptions
