@@ -121,11 +121,19 @@ class Draft:
         return plan.candidate
 
     # -- KV ----------------------------------------------------------------------------------
+    def admission_tokens(self, req: RequestView) -> int:
+        """Tokens of KV an admission reserves: its tokens so far (`kv_admission` "on-demand"),
+        or everything it may ever hold ("full", the old rule)."""
+        if self.view.cfg.kv_admission == "full":
+            return req.prompt_len + req.max_tokens
+        return req.kv_tokens
+
     def admit(self, req: RequestView, placement: Placement) -> RequestView:
         """Reserve its KV on `placement`'s devices; it becomes runnable. Returns its new view."""
-        if not self.can_reserve(placement, req.kv_tokens):
-            raise ValueError(f"{req.rid}: KV for {req.kv_tokens} tokens does not fit")
-        need = self.blocks_needed(req.kv_tokens)
+        tokens = self.admission_tokens(req)
+        if not self.can_reserve(placement, tokens):
+            raise ValueError(f"{req.rid}: KV for {tokens} tokens does not fit")
+        need = self.blocks_needed(tokens)
         for d in set(placement):
             self._kv_free[d] -= need
         if req.swapped:
@@ -135,7 +143,7 @@ class Draft:
         admitted = dataclasses.replace(req, placement=placement, swapped=False,
                                        kv_blocks=tuple((d, need) for d in sorted(set(placement))))
         self._runnable[req.rid] = admitted
-        self.decision.admissions.append(Admission(req.rid, placement, req.kv_tokens))
+        self.decision.admissions.append(Admission(req.rid, placement, tokens))
         if req.ttft_deadline is not None and req.num_output == 0 and self._snap is not None:
             deadlines = (*self._snap.deadlines, (req.rid, req.ttft_deadline))
             self._snap = dataclasses.replace(self._snap, deadlines=deadlines)

@@ -430,6 +430,9 @@ class Scheduler:
             s.ending, s.stream_closed = reason, True
 
     def _plan_done(self, plan: Plan, error: str | None = None) -> None:
+        """A plan is over (completed, withdrawn or failed): its requests are runnable again
+        or end, and a round follows (what they held may now fit something else)."""
+        self._wake.set()
         held = self.inflight.remove(plan)
         self.gmg.remove(plan.ops)
         self.exec.release(plan.ops)

@@ -23,6 +23,8 @@ def collect(s: Scheduler) -> SchedulerStats:
     return SchedulerStats(
         num_running=dict(running), num_waiting=dict(waiting), kv_cache_usage=s.kv.usage(),
         num_preemptions=dict(s.requests.preemptions),
+        kv_swapped_bytes=s.requests.swapped_out_bytes,
+        kv_recomputed_tokens=s.requests.dropped_tokens,
         slo_attainment={p.label: c.attainment for p, c in s.books.slo.items()},
         device_busy_ratio={d: min(1.0, s.exec.busy_s(d) / wall) for d in s.devices},
         round_seconds=s.books.rounds.copy(), estimator_mape=mape,

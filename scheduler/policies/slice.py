@@ -117,7 +117,7 @@ class SlicePolicy:
         deadline = r.ttft_deadline
         best: Scored | None = None
         for placement, chunks in self._candidates(draft, r):
-            if not draft.can_reserve(placement, r.kv_tokens):
+            if not draft.can_reserve(placement, draft.admission_tokens(r)):
                 continue
             plan = draft.view.builder.build(Plan(r.priority, placement, chunks))
             pred = draft.simulate(plan)
@@ -209,7 +209,7 @@ class SlicePolicy:
             feeds.append(prefill_feed(r, budget - used))
             used += feeds[-1].num_tokens
         for r in draft.waiting(Priority.LOW):
-            need = draft.blocks_needed(r.kv_tokens)
+            need = draft.blocks_needed(draft.admission_tokens(r))
             if used >= budget or blocks + need > draft.room(device):
                 break
             blocks += need
