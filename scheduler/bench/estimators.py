@@ -28,16 +28,8 @@ import torch
 from executors.types import Device
 from models.loader import Model, load
 from scheduler.estimators import Estimators
-from scheduler.profiling import (
-    CLOCKS,
-    Case,
-    Clock,
-    ShapeRunner,
-    Sweep,
-    profile,
-    time_copies,
-    torch_threads,
-)
+from scheduler.oprunner import CLOCKS, Case, Clock, ShapeRunner, time_copies, torch_threads
+from scheduler.profiling import Sweep, profile
 
 PAPER = {"operators": {"mape": 0.0032, "cov": 0.0062},
          "transfers": {"mape": 0.0092, "cov": 0.0163}}
