@@ -82,6 +82,10 @@ class Interference:
         order: dict[str, int] = {}
         return [order.setdefault(h, len(order)) if h in shared else -1 for h in host]
 
+    def with_hosts(self, hosts: Mapping[str, str]) -> Interference:
+        """The same slowdowns for another set of devices."""
+        return Interference(hosts, self.slowdown)
+
     def is_neutral(self) -> bool:
         """Whether no factor slows anything (then nothing needs the fluid model)."""
         return all(e == 0.0 for row in self.excess for e in row)

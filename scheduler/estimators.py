@@ -165,6 +165,14 @@ class Estimators:
             ape = a if item is op else ape
         return ape
 
+    def flush(self, now: float) -> None:
+        """Learn the ops on shared hosts still waiting for what ran beside them, if they
+        ended `Overlaps.settle_s` before `now` (the scheduler's clock): the other devices
+        were idle since."""
+        if self._overlaps is not None:
+            for item, solo_s in self._overlaps.flush(now):
+                self._learn(item, solo_s)  # type: ignore[arg-type]
+
     def _learn(self, op: OpInstance, seconds: float) -> float:
         if op.role is OpRole.COMPUTE:
             return self.observe_op(op.device, op.name, op.shape, seconds, op.end)

@@ -3,7 +3,8 @@
 The base is a least-squares fit on relative error (a 1 ms op counts as much as a
 100 ms one) over the profiling sweep. Online, the last `window` observations
 are refit every `refit_every` observations: least squares on relative error
-with Huber weights (an outlier, a GC pause or a preempted thread, weighs little),
+with Tukey's biweight (an outlier, a GC pause or a preempted thread, weighs
+nothing; the weights start from the prior's residuals),
 pulled toward the base scaled by the window's median ratio of measured to base
 time (its `level`) with the weight of `prior_obs` sweep samples, so directions
 the live shapes do not excite keep the base's slope. A step change moves the
@@ -21,7 +22,7 @@ from typing import Any
 import numpy as np
 
 MIN_TIME_S = 1e-7  # floor of every prediction
-HUBER_K = 1.345  # residuals past this many robust sigmas get weight k*sigma/|r|
+TUKEY_C = 4.685  # residuals past this many robust sigmas get no weight (Tukey's biweight)
 IRLS_STEPS = 3
 ERROR_WINDOW = 500  # predictions a running MAPE is taken over
 
@@ -116,12 +117,15 @@ class LinearEstimator:
             prior, weight = self.level * self.base, self.prior_obs * self.base_info
         else:  # learning from nothing: the window alone (a tiny ridge keeps it solvable)
             prior, weight = np.zeros(n), 1e-9 * np.eye(n)
-        w = np.ones(len(a))
+        # NOTE: the weights start from the prior's residuals (its level is a median, so an
+        # outlier cannot drag it), not from a plain least-squares fit that outliers skew
+        theta = prior if self.base.any() else _solve(a, np.ones(len(a)), weight, prior)
         for _ in range(IRLS_STEPS):
-            theta = _solve(a, w, weight, prior)
             r = np.abs(a @ theta - 1.0)
             sigma = max(1.4826 * float(np.median(r)), 1e-3)
-            w = np.minimum(1.0, HUBER_K * sigma / np.maximum(r, 1e-12))
+            u = np.minimum(r / (TUKEY_C * sigma), 1.0)
+            w = (1.0 - u * u) ** 2
+            theta = _solve(a, w, weight, prior)
         self.theta = theta
         self._publish()
 

@@ -8,10 +8,12 @@ seconds are `duration - sum(overlap * (1 - 1 / slowdown(a, b)))` (exact with
 one other device busy at a time, the fluid model of `executors.interference`;
 an approximation when several overlap at once).
 
-Ops are booked in batches, not in completion order across devices, so an op is
-resolved only once every other device of its host has booked an op that ended
-after it (a device runs one op at a time, so nothing overlapping it is missing),
-or once ops booked elsewhere ended `settle_s` after it (that device was idle).
+Ops are booked in batches, not in completion order across devices (but each
+device's in its own order), so an op is resolved only once every other device
+of its host has booked an op that ended after it (a device runs one op at a
+time, so nothing overlapping it is missing), or once ops booked elsewhere ended
+`settle_s` after it, or `flush(now)` is called `settle_s` after it (that device
+was idle).
 """
 
 from __future__ import annotations
@@ -62,17 +64,21 @@ class Overlaps:
         self.last_end[device] = max(self.last_end.get(device, end), end)
         self.latest = max(self.latest, end)
         self._pending.append((device, name, iv, item))
+        return self.flush(self.latest)
+
+    def flush(self, now: float) -> list[tuple[object, float]]:
+        """`(item, solo seconds)` of the ops that can be resolved at time `now`."""
         out, keep = [], []
         for p in self._pending:
-            if self._resolvable(p[0], p[2]):
+            if self._resolvable(p[0], p[2], now):
                 out.append((p[3], self.solo_seconds(p[0], p[2])))
             else:
                 keep.append(p)
         self._pending = keep
         return out
 
-    def _resolvable(self, device: str, iv: Interval) -> bool:
-        if self.latest >= iv.end + self.settle_s:
+    def _resolvable(self, device: str, iv: Interval, now: float) -> bool:
+        if now >= iv.end + self.settle_s:
             return True
         return all(self.last_end.get(o, float("-inf")) >= iv.end for o in self.others[device])
 

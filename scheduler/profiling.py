@@ -144,15 +144,20 @@ def fit_kind(est: Estimators, model: Model, kind: str, device: str, sweep: Sweep
         fitted.sample_cov = statistics.fmean(s.cov(i) for s in samples)
 
 
+def cpu_hosts(names: Sequence[str]) -> dict[str, str]:
+    """device -> host for the CPU devices among `names` (all on this machine's cores)."""
+    return {n: HOST for n in names if n.startswith("cpu")}
+
+
 def colocation(model: Model, names: Sequence[str], sweep: Sweep, threads: int = 1,
                clock: Clock = time.perf_counter) -> Interference | None:
     """The slowdowns of op classes overlapping on the CPU devices (None with fewer than two)."""
-    cpus = [n for n in names if n.startswith("cpu")]
-    if len(cpus) < 2 or sweep.colocation_repeats < 1:
+    hosts = cpu_hosts(names)
+    if len(hosts) < 2 or sweep.colocation_repeats < 1:
         return None
-    factors = profile_colocation(model, Device(cpus[0], 1).torch_device, threads,
+    factors = profile_colocation(model, Device(next(iter(hosts)), 1).torch_device, threads,
                                  sweep.colocation_repeats, clock)
-    return Interference(dict.fromkeys(cpus, HOST), factors)
+    return Interference(hosts, factors)
 
 
 def profile_pair(model: Model, src: str, dst: str, sweep: Sweep | None = None,
