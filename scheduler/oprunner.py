@@ -6,6 +6,7 @@ Every run is timed by a `Clock` (wall time by default, as the executors stamp op
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -93,16 +94,23 @@ class ShapeRunner:
                    pause: Callable[[], None] | None = None) -> list[OpSample]:
         """Every case `repeats` times after a warm-up round, interleaved (each round runs
         every case once), so a change in background load hits all shapes alike. `pause`
-        runs before each case."""
+        runs before each case.
+
+        NOTE: each round runs the cases in another (seeded) order: a small op's time
+        depends on what ran just before it (the embedding after a head is cache-cold),
+        and a fixed order would make that a stable error of each case."""
         batches = [self.batch(c) for c in cases]
         runs: list[list[list[float]]] = [[] for _ in cases]
+        order = list(range(len(batches)))
+        rng = random.Random(0)
         for r in range(repeats + 1):
-            for i, b in enumerate(batches):
+            for i in order:
                 if pause is not None:
                     pause()
-                t = self.run_once(b)
+                t = self.run_once(batches[i])
                 if r:
                     runs[i].append(t)
+            rng.shuffle(order)
         return [OpSample(b.shape, [list(col) for col in zip(*rs, strict=True)])
                 for b, rs in zip(batches, runs, strict=True)]
 
