@@ -9,7 +9,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from gateway.batches.service import DataDirBusy, check_data_dir
-from gateway.config import DTYPES, POLICIES, ConfigError, GatewayConfig, load_config
+from gateway.config import (
+    DTYPES,
+    KV_ADMISSIONS,
+    POLICIES,
+    ConfigError,
+    GatewayConfig,
+    load_config,
+)
 from gateway.engine import build_engine
 from gateway.server import serve
 from gateway.tenants import TenantsFileError
@@ -20,7 +27,9 @@ _OVERRIDES = {
     "dtype": "model.dtype", "max_model_len": "model.max_model_len",
     "generation_config": "model.generation_config",
     "devices": "scheduler.devices", "device_memory_gib": "scheduler.device_memory_gib",
-    "policy": "scheduler.policy", "tenants": "tenants_file", "host": "server.host",
+    "policy": "scheduler.policy", "kv_cache_gib": "scheduler.kv_cache_gib",
+    "swap_space_gib": "scheduler.swap_space_gib", "kv_admission": "scheduler.kv_admission",
+    "tenants": "tenants_file", "host": "server.host",
     "port": "server.port", "drain_timeout": "server.drain_timeout_s",
     "request_timeout": "server.request_timeout_s", "log_level": "server.log_level",
     "data_dir": "batch.data_dir",
@@ -43,6 +52,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--devices", help="e.g. cuda:0,cuda:1 (default: every GPU, else cpu:0,cpu:1)")
     s.add_argument("--device-memory-gib", type=float, help="memory budget per device")
     s.add_argument("--policy", choices=POLICIES)
+    s.add_argument("--kv-cache-gib", type=float, help="KV cache per device (default: what the "
+                                                      "memory budget leaves)")
+    s.add_argument("--swap-space-gib", type=float,
+                   help="host memory for preempted requests' KV (default 4; 0: recompute)")
+    s.add_argument("--kv-admission", choices=KV_ADMISSIONS,
+                   help="on-demand (default): reserve the prompt, grow per block; full: "
+                        "reserve prompt + max_tokens at admission (the old rule, to compare)")
     s.add_argument("--tenants", help="tenants file (YAML); without one, auth is off")
     s.add_argument("--host", help="bind address (default 127.0.0.1)")
     s.add_argument("--port", type=int, help="port (default 8000)")

@@ -30,6 +30,7 @@ from scheduler import factory
 
 DTYPES = ("bfloat16", "float32")
 POLICIES = ("slice", "fcfs", "priority", "static")
+KV_ADMISSIONS = ("on-demand", "full")
 
 
 class ConfigError(ValueError):
@@ -83,13 +84,22 @@ class SchedulerSettings:
     devices: tuple[str, ...] = field(default_factory=default_devices)
     device_memory_gib: float | None = None  # per-device budget; None = what the device has
     policy: str = "slice"
+    kv_cache_gib: float | None = None  # KV pool per device; None = what the budget leaves
+    swap_space_gib: float = 4.0  # host memory for preempted requests' KV (0: recompute)
+    kv_admission: str = "on-demand"  # or "full": reserve prompt + max_tokens at admission
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "devices", parse_devices(self.devices))
         _require(self.policy in POLICIES, "scheduler.policy", f"one of {', '.join(POLICIES)}")
-        gib = self.device_memory_gib
-        _require(gib is None or (isinstance(gib, int | float) and not isinstance(gib, bool)
-                                 and gib > 0), "scheduler.device_memory_gib", "a positive number")
+        for key, zero_ok in (("device_memory_gib", False), ("kv_cache_gib", False),
+                             ("swap_space_gib", True)):
+            gib = getattr(self, key)
+            _require(gib is None or (isinstance(gib, int | float) and not isinstance(gib, bool)
+                                     and (gib >= 0 if zero_ok else gib > 0)),
+                     f"scheduler.{key}", "a non-negative number" if zero_ok else
+                     "a positive number")
+        _require(self.kv_admission in KV_ADMISSIONS, "scheduler.kv_admission",
+                 f"one of {', '.join(KV_ADMISSIONS)}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, SchedulerSettings
 from gateway.sampling_defaults import SamplingDefaults, load_sampling_defaults
 from models.loader import load
 from scheduler.api import SchedulerAPI
@@ -107,11 +107,19 @@ def device_memory_gib(config: GatewayConfig) -> float:
     return CPU_DEVICE_MEMORY_GIB
 
 
+def scheduler_config(s: SchedulerSettings, max_model_len: int) -> SchedulerConfig:
+    """The scheduler's settings from the gateway's (GiB to bytes)."""
+    kv = None if s.kv_cache_gib is None else int(s.kv_cache_gib * 2**30)
+    return SchedulerConfig(policy=s.policy, max_model_len=max_model_len, kv_cache_bytes=kv,
+                           swap_space_bytes=int(s.swap_space_gib * 2**30),
+                           kv_admission=s.kv_admission)
+
+
 def build_engine(config: GatewayConfig) -> Engine:
     """Load `config.model`, profile (or load cached) estimators, build the scheduler."""
     model = load(config.model.spec, dtype=config.model.dtype)
     limit = model.config.max_position_embeddings
     max_len = min(config.model.max_model_len or limit, limit)
     devices = parse_devices(list(config.scheduler.devices), device_memory_gib(config))
-    cfg = SchedulerConfig(policy=config.scheduler.policy, max_model_len=max_len)
+    cfg = scheduler_config(config.scheduler, max_len)
     return engine_for_model(model, build_scheduler(model, devices, cfg), config)

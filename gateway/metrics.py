@@ -83,6 +83,14 @@ class _StatsCollector:
                                     "executor is alive.")
         healthy.add_metric([], 1.0 if s.healthy else 0.0)
         yield healthy
+        for name, help_, value in (
+                ("slicegate_kv_swapped_bytes", "KV bytes preemptions moved to host memory.",
+                 s.kv_swapped_bytes),
+                ("slicegate_kv_recomputed_tokens",
+                 "Tokens of KV preemptions dropped, to recompute.", s.kv_recomputed_tokens)):
+            counter = CounterMetricFamily(name, help_)
+            counter.add_metric([], value)
+            yield counter
         errors = CounterMetricFamily("slicegate_scheduler_errors",
                                      "Exceptions caught in scheduling rounds and completion "
                                      "handlers (their requests ended with a server error).")

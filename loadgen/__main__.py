@@ -52,7 +52,7 @@ def _bench(args: argparse.Namespace) -> int:
         policies=_names(args.policies), peers=_names(args.peers), model=args.model,
         devices=args.devices, dtype=args.dtype, max_model_len=args.max_model_len,
         batch=args.batch, tail_s=args.tail, slo_ms=args.slo_ms,
-        alone_policy=args.alone_policy, slo_factor=args.slo_factor,
+        alone_policy=args.alone_policy, slo_factor=args.slo_factor, recipe=args.recipe,
         serve_args=tuple(args.serve_arg), ready_timeout_s=args.ready_timeout,
         peer_ready_timeout_s=args.peer_ready_timeout, drain_timeout_s=args.drain_timeout,
         request_timeout_s=args.request_timeout, warmup_requests=args.warmup,
@@ -126,6 +126,10 @@ def _bench_parser(b: argparse.ArgumentParser) -> None:
     b.add_argument("--interactive", default=None,
                    help="interactive tenant SOURCE (default: the Azure code trace from "
                         "$SLICEGATE_TRACES, see docs/traces.md, with " + TRACE_SHAPE + ")")
+    b.add_argument("--recipe", choices=("default", "strict"), default="default",
+                   help="the interactive trace's shape when --interactive is not given: "
+                        "default (first 300 requests, bursty) or strict (a steadier window "
+                        "at 0.5x, tight SLO), as in `python -m scheduler bench policies`")
     b.add_argument("--batch", default="concurrency=16,prompt=512,gen=64",
                    help="batch tenant SOURCE (default: %(default)s)")
     b.add_argument("--tail", type=float, default=2.0,

@@ -49,21 +49,25 @@ from loadgen.servers import (
 from loadgen.traces import TraceRequest
 from loadgen.workload import TenantSpec, parse_source, plan_arrivals
 
-# NOTE: the recipe of `python -m scheduler bench policies` (scheduler/bench/policies.py), so the
-# two benches' tables can be read side by side.
+# NOTE: the recipes of `python -m scheduler bench policies` (scheduler/bench/policies.py), so
+# the two benches' tables can be read side by side: "default", the first 300 requests (bursty);
+# "strict", a steadier window at a lower rate, whose SLO is tight.
 TRACE_SHAPE = ("max_requests=300,rate_scale=0.8,prompt_scale=0.0625,max_prompt_tokens=1024,"
                "max_output_tokens=32")
+RECIPES = {"default": TRACE_SHAPE,
+           "strict": ("window_s=273.4-100000,max_requests=200,rate_scale=0.5,"
+                      "prompt_scale=0.0625,max_prompt_tokens=1024,max_output_tokens=32")}
 INTERACTIVE, BATCH = "interactive", "batch"
 KEYS = {INTERACTIVE: "sk-bench-interactive", BATCH: "sk-bench-batch"}
 ADMIN_KEY = "sk-bench-admin"
 
 
-def default_interactive() -> str:
-    """The Azure code trace with TRACE_SHAPE; MissingTrace (with what to do) without a copy."""
+def default_interactive(recipe: str = "default") -> str:
+    """The Azure code trace shaped by a recipe; MissingTrace (with what to do) without a copy."""
     trace = require_trace(AZURE_CODE, "python -m loadgen bench",
                           instead=f"give the interactive tenant yourself, e.g. --interactive "
                                   f"synthetic-coding,{TRACE_SHAPE} (the shipped synthetic trace)")
-    return f"{trace},{TRACE_SHAPE}"
+    return f"{trace},{RECIPES[recipe]}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +81,8 @@ class BenchConfig:
     devices: str | None = None  # slicegate --devices; None: its default
     dtype: str = "bfloat16"  # the peer scripts serve bfloat16
     max_model_len: int = 2048  # the vLLM peer script serves 2048
-    interactive: str | None = None  # a tenant SOURCE; None: default_interactive()
+    interactive: str | None = None  # a tenant SOURCE; None: default_interactive(recipe)
+    recipe: str = "default"  # the interactive trace's shape when `interactive` is None
     batch: str = "concurrency=16,prompt=512,gen=64"  # a tenant SOURCE
     tail_s: float = 2.0  # mixed runs send batch work until the last interactive arrival + this
     slo_ms: float | None = None  # None: measured by the alone run
@@ -102,6 +107,8 @@ class BenchConfig:
             raise ValueError("the table's ratios are to fcfs: include fcfs in --policies")
         if self.slo_factor <= 0:
             raise ValueError("--slo-factor must be > 0")
+        if self.recipe not in RECIPES:
+            raise ValueError(f"unknown recipe {self.recipe!r} (known: {', '.join(RECIPES)})")
 
     @property
     def alone_run(self) -> str:
@@ -129,7 +136,7 @@ def run_bench(config: BenchConfig, command: str = "") -> dict[str, Any]:
     """
     started_at = _now()
     if config.interactive is None:
-        config = replace(config, interactive=default_interactive())
+        config = replace(config, interactive=default_interactive(config.recipe))
     assert config.interactive is not None
     config.out.mkdir(parents=True, exist_ok=True)
     folder = resolve_model_folder(config.model)

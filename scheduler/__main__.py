@@ -6,11 +6,11 @@ import logging
 import sys
 from collections.abc import Callable
 
-from scheduler.bench import estimators, overhead, policies, simulator
+from scheduler.bench import capacity, estimators, overhead, policies, simulator
 
 BENCHES: dict[str, Callable[[list[str] | None], object]] = {
     "overhead": overhead.main, "estimators": estimators.main,
-    "simulator": simulator.main, "policies": policies.main}
+    "simulator": simulator.main, "policies": policies.main, "capacity": capacity.main}
 
 
 def main(argv: list[str] | None = None) -> None:

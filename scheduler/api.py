@@ -38,6 +38,8 @@ class SchedulerStats:
     num_waiting: dict[tuple[str, str], int] = field(default_factory=dict)  # (tenant, class)
     kv_cache_usage: float = 0.0  # used / total KV blocks over all devices, in [0, 1]
     num_preemptions: dict[tuple[str, str], int] = field(default_factory=dict)  # cumulative
+    kv_swapped_bytes: int = 0  # KV copied to host memory by preemptions, cumulative
+    kv_recomputed_tokens: int = 0  # tokens of KV dropped by preemptions to recompute
     slo_attainment: dict[str, float] = field(default_factory=dict)  # class -> fraction
     device_busy_ratio: dict[str, float] = field(default_factory=dict)  # device -> fraction
     round_seconds: Histogram = field(default_factory=Histogram)  # decision + apply, per round

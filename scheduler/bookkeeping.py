@@ -28,7 +28,6 @@ class Bookkeeping:
     timeline: deque[dict[str, Any]] = field(init=False)
     slo: dict[Priority, ClassCounts] = field(
         default_factory=lambda: defaultdict(ClassCounts))
-    preemptions: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
     rounds: Histogram = field(default_factory=Histogram)  # round times, cumulative
     recent_round_s: deque[float] = field(default_factory=lambda: deque(maxlen=10000))
 

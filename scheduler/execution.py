@@ -60,7 +60,8 @@ def kv_pools(model: Model, devices: list[Device], ledgers: dict[str, MemoryLedge
         ledger = ledgers[d.name]
         # NOTE: virtual CPU devices share one copy of the weights but each counts it, as GPUs do
         ledger.reserve("weights", model.template.weight_bytes)
-        num_blocks = (ledger.free_bytes - reserve) // per_block
+        room = ledger.free_bytes - reserve
+        num_blocks = min(room, cfg.kv_cache_bytes or room) // per_block
         if num_blocks < 1:
             raise ValueError(f"{d.name}: {d.memory_bytes / 2**30:.2f} GiB leaves no room for KV "
                              f"after {model.template.weight_bytes / 2**30:.2f} GiB of weights and "

@@ -24,6 +24,7 @@ class RequestView:
     num_computed: int  # tokens whose KV is written
     placement: Placement | None  # None until admitted (fixed by its first prefill)
     kv_blocks: tuple[tuple[str, int], ...] = ()  # (device, blocks held) while admitted
+    swapped: bool = False  # waiting with its first `num_computed` tokens of KV in host memory
 
     @property
     def ttft_deadline(self) -> float | None:
@@ -41,5 +42,8 @@ class RequestView:
 
     @property
     def kv_tokens(self) -> int:
-        """KV a request reserves at admission: everything it may ever hold."""
-        return self.prompt_len + self.max_tokens
+        """KV a request reserves at admission: its tokens so far (it grows as tokens come)."""
+        return self.num_tokens
+
+    def blocks_held(self, device: str) -> int:
+        return next((n for d, n in self.kv_blocks if d == device), 0)

@@ -1,12 +1,13 @@
 """The scheduler coroutine: a round is view -> policy.schedule -> apply; completions via on_done.
 
 Rounds run when something changes (an arrival, a chunk's completion, an abort,
-a fault), never by polling. The policy decides (scheduler/policies/); this
-module owns request state, KV, the GMG, the executors and the token streams,
-and supervises them: an exception in a round or in a completion handler is
-logged and counted, the requests it concerned end with a server error, and
-scheduling goes on. `stats().healthy` is False while rounds keep failing or
-once the round task has ended.
+a fault), never by polling. The policy decides (scheduler/policies/); the
+scheduler applies the decision to its requests (scheduler/requests.py) and
+issues the plans (scheduler/inflight.py tracks them), and supervises all of
+it: an exception in a round or in a completion handler is logged and counted,
+the requests it concerned end with a server error, and scheduling goes on.
+`stats().healthy` is False while rounds keep failing or once the round task
+has ended.
 """
 
 from __future__ import annotations
@@ -21,34 +22,30 @@ from functools import partial
 from typing import Any
 
 from executors.memory import MemoryLedger
-from executors.types import Device, OpInstance, OpState, Priority
+from executors.types import Device, OpInstance, OpState
 from models.batch import BatchSource, SeqSpec
 from models.loader import Model
 from scheduler.api import SchedulerStats
 from scheduler.bookkeeping import Bookkeeping
 from scheduler.config import SchedulerConfig
-from scheduler.decision import Admission, Preemption, RoundDecision
+from scheduler.decision import RoundDecision
 from scheduler.execution import Execution, ExecutorFactory, kv_pools
 from scheduler.gmg import GMG
 from scheduler.health import RoundHealth
-from scheduler.ieg import (
-    BoundedQueues,
-    FinishReason,
-    Overloaded,
-    Request,
-    RequestTooLarge,
-    TokenEvent,
-)
+from scheduler.ieg import FinishReason, Overloaded, Request, RequestTooLarge, TokenEvent
+from scheduler.inflight import InFlight
 from scheduler.kv import KVManager
 from scheduler.plan import Builder, Feed, OpTime, Plan, XferTime
 from scheduler.policies import make_policy
 from scheduler.reprofile import PairProfiler
-from scheduler.requestview import Placement
-from scheduler.state import RequestState
+from scheduler.requests import Requests
+from scheduler.state import RequestState, Status
 from scheduler.stats import collect
 from scheduler.view import RoundView
 
 logger = logging.getLogger(__name__)
+
+_ENDINGS = {"stop": FinishReason.STOP, "error": FinishReason.ERROR}  # abort reason -> finish
 
 
 class Scheduler:
@@ -64,32 +61,31 @@ class Scheduler:
         self.policy = make_policy(policy)
         self.estimator = estimator  # observe(op) / mape(), when online refit is on
         self.ledgers = {d.name: MemoryLedger(d.memory_bytes) for d in devices}
-        self.kv = KVManager(kv_pools(model, devices, self.ledgers, self.cfg))
+        self.kv = KVManager(kv_pools(model, devices, self.ledgers, self.cfg),
+                            self.cfg.swap_space_bytes)
         self.gmg = GMG(self.devices, self.ledgers, self.kv)
+        self.requests = Requests(self.kv, self.gmg, model.template, self.cfg.queue_capacity)
+        self.inflight = InFlight()
         self.builder = Builder(model.template, self.cfg.block_size, op_time, xfer_time)
         self.exec = Execution(model, self.devices, self.kv, self.ledgers,
                               self._on_done_thread, executor_factory)
         self.books = Bookkeeping(self.cfg.timeline_size)
         self.health = RoundHealth()
-        self.waiting: BoundedQueues[RequestState] = BoundedQueues(self.cfg.queue_capacity)
-        self.states: dict[str, RequestState] = {}
-        self.plans: dict[int, tuple[Plan, int]] = {}  # final op id -> (plan, chunk index)
-        self.op_plan: dict[int, Plan] = {}  # op id -> its plan, while the plan is in flight
-        self.req_plan: dict[str, Plan] = {}  # request id -> its plan in flight
-        self.prefill_inflight: dict[tuple[str, Priority], int] = {}
-        self.decode_inflight: set[tuple[Placement, Priority]] = set()
         self.tightest_slo_s: float | None = None  # smallest TTFT SLO among requests seen
-        self._retry_on_progress = False  # the last round held work back (see RoundDecision)
         self.profiler: PairProfiler | None = None  # profiles pairs the estimators lack
+        self._retry_on_progress = False  # the last round held work back (see RoundDecision)
         self._wake = asyncio.Event()
         self._done: deque[OpInstance] = deque()  # completions not handled yet (any thread)
-        self._urgent: set[int] = set()  # op ids whose completion is handled at once
         self._booked: list[OpInstance] = []  # handled ops awaiting estimator and timeline
         self._event_loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
         self._accepting = False
         self._stopping = False
         self._started_at = clock()
+
+    @property
+    def states(self) -> dict[str, RequestState]:
+        return self.requests.states
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -135,8 +131,7 @@ class Scheduler:
         """Queue a request; raises RequestTooLarge or Overloaded before any token."""
         self._check(request)
         state = RequestState(request, request.build_ieg(self.cfg.max_batch_tokens))
-        self.waiting.push(state)
-        self.states[request.request_id] = state
+        self.requests.add(state)
         if request.ttft_slo_s is not None:
             self.tightest_slo_s = min(self.tightest_slo_s or request.ttft_slo_s,
                                       request.ttft_slo_s)
@@ -157,7 +152,7 @@ class Scheduler:
             raise RequestTooLarge(f"{total} tokens of KV can never fit in one device's cache")
         if request.request_id in self.states:
             raise ValueError(f"duplicate request id {request.request_id}")
-        if not self.waiting.can_push(request.priority):
+        if not self.requests.waiting.can_push(request.priority):
             raise Overloaded(f"too many waiting {request.priority.label}-priority requests",
                              retry_after_s=1.0)
 
@@ -173,45 +168,35 @@ class Scheduler:
                 self.abort(state.rid, "abort")
 
     def abort(self, request_id: str, reason: str) -> None:
+        """End a request early (`stop`, `abort`, ...); frees its KV. Idempotent."""
         state = self.states.get(request_id)
         if state is None or state.finished:
             return
-        if state.in_flight:
-            state.abort_reason = reason
-            self._withdraw(state)
-        else:
-            self.waiting.remove(request_id)
-            self._end(state, FinishReason.STOP if reason == "stop" else FinishReason.ABORT)
+        self._end_early(state, _ENDINGS.get(reason, FinishReason.ABORT))
         self._wake.set()
 
     def _fail(self, state: RequestState, error: str) -> None:
         """End a request with a server error (at its plan's end, if it is in flight)."""
-        if state.finished:
-            return
+        if not state.finished:
+            self._end_early(state, FinishReason.ERROR, error)
+
+    def _end_early(self, state: RequestState, reason: FinishReason,
+                   error: str | None = None) -> None:
         if state.in_flight:
-            state.abort_reason, state.error = "error", error
+            state.ending, state.error = reason, error
             self._withdraw(state)
         else:
-            self.waiting.remove(state.rid)
-            self._end(state, FinishReason.ERROR, error)
+            self.requests.end(state, reason, error)
 
     def _withdraw(self, state: RequestState) -> None:
-        """Remove the queued ops of an ended request's plan when it is alone in it."""
-        plan = self.req_plan.get(state.rid)
+        """Remove the queued ops of an ending request's plan when it is alone in it."""
+        plan = self.inflight.by_request.get(state.rid)
         if plan is None or len(plan.rids) > 1:
             return  # NOTE: batch-mates still need the ops; the request is dropped at the end
-        plan.cancelled = True
-        self._urgent.update(op.op_id for op in plan.ops)
+        self.inflight.cancel(plan)
         self.exec.cancel(plan.ops)
         if not any(op.state is OpState.RUNNING for op in plan.ops):
             self._plan_done(plan)
-
-    def _end(self, state: RequestState, reason: FinishReason, error: str | None = None) -> None:
-        """Finish a request that is not in flight: close its stream and free its KV."""
-        state.finish(reason, error)
-        self.kv.free(state.rid)
-        self.gmg.deadlines.pop(state.rid, None)
-        self.states.pop(state.rid, None)
 
     # -- a round ---------------------------------------------------------------------------
     def _round(self) -> None:
@@ -240,31 +225,40 @@ class Scheduler:
 
     def _view(self) -> RoundView:
         now = self.clock()
-        runnable = tuple(s.view() for s in self.states.values()
-                         if s.placement is not None and not s.in_flight and not s.finished)
-        waiting = {p: tuple(s.view() for s in self.waiting.queue(p)) for p in Priority}
-        kv_free = {d: pool.allocator.num_free for d, pool in self.kv.pools.items()}
+        runnable, running, waiting = self.requests.views()
+        pools = self.kv.pools
         snap = self.gmg.snapshot(now) if self.policy.uses_simulation else None
-        return RoundView(now, self.cfg, tuple(self.devices), len(self.model.template.ops),
-                         waiting, runnable, kv_free, self.cfg.block_size, snap, self.gmg.loads(),
-                         self.builder, dict(self.prefill_inflight),
-                         frozenset(self.decode_inflight),
-                         self.tightest_slo_s or self.cfg.default_ttft_slo_s)
+        return RoundView(
+            now, self.cfg, tuple(self.devices), len(self.model.template.ops), waiting, runnable,
+            running,
+            {d: p.allocator.num_free for d, p in pools.items()},
+            {d: int(self.cfg.kv_watermark * p.allocator.num_blocks) for d, p in pools.items()},
+            self.cfg.block_size, self.kv.swap_bytes(1), self.kv.host_free_bytes, snap,
+            self.gmg.loads(), self.builder, dict(self.inflight.prefills),
+            frozenset(self.inflight.decodes),
+            self.tightest_slo_s or self.cfg.default_ttft_slo_s)
 
     def _apply(self, d: RoundDecision, now: float) -> None:
-        """Commit a decision: preemptions, admissions, plans; then end the failed requests."""
+        """Commit a decision: first what frees KV, then what takes it, then the plans."""
         for p in d.preemptions:
-            self._guard((p.rid,), partial(self._preempt, p))
+            self._guard((p.rid,), partial(self.requests.preempt, p))
+        for m in d.migrations:
+            self._guard((m.rid,), partial(self.requests.migrate, m))
         for a in d.admissions:
-            self._guard((a.rid,), partial(self._admit, a))
+            self._guard((a.rid,), partial(self.requests.admit, a))
+        for g in d.growths:
+            self._guard((g.rid,), partial(self.requests.grow, g))
         for plan in d.plans:
             self._guard(plan.rids, partial(self._issue, plan, now))
+        for rid in d.blocked:
+            if (state := self.states.get(rid)) is not None:
+                state.on_blocked()
         for f in d.failures:
             logger.error("deciding for %s failed:\n%s", ", ".join(f.rids), f.traceback)
             self._fail_rids(f.rids, f"scheduling failed: {f.error}")
         self._retry_on_progress = d.retry_on_progress
 
-    def _guard(self, rids: tuple[str, ...], fn: Callable[[], None]) -> None:
+    def _guard(self, rids: tuple[str, ...], fn: Callable[[], object]) -> None:
         try:
             fn()
         except Exception as e:
@@ -277,53 +271,24 @@ class Scheduler:
             if (state := self.states.get(rid)) is not None:
                 self._fail(state, error)
 
-    def _admit(self, a: Admission) -> None:
-        state = self.states[a.rid]
-        if state.placement is not None or state.finished:
-            raise ValueError(f"{a.rid} is not waiting")
-        reservation = self.kv.reserve(a.rid, set(a.placement), a.kv_tokens)
-        self.waiting.remove(a.rid)
-        state.placement, state.tables = a.placement, reservation.tables
-        if state.req.ttft_deadline is not None and not state.output_ids:
-            self.gmg.deadlines[a.rid] = state.req.ttft_deadline
-
-    def _preempt(self, p: Preemption) -> None:
-        state = self.states[p.rid]
-        if state.in_flight or state.placement is None:
-            raise ValueError(f"{p.rid} is not runnable, it cannot be preempted")
-        self.kv.free(state.rid)
-        state.placement, state.tables, state.num_computed = None, {}, 0
-        state.num_preemptions += 1
-        self.books.preemptions[(state.req.tenant, state.priority.label)] += 1
-        self.waiting.queue(state.priority).appendleft(state)
-        logger.debug("preempted %s: %s", p.rid, p.reason)
-
     def _issue(self, plan: Plan, now: float) -> None:
         """Issue the plan's ops as the policy built them; tensors are built by the executors."""
         states = [self._issuable(rid, plan) for rid in plan.rids]
         self._attach_batches(plan)
         self.gmg.add(plan.ops, plan.first_tokens)
-        for i, final in enumerate(plan.finals):
-            self.plans[final.op_id] = (plan, i)
-            self._urgent.add(final.op_id)
+        self.inflight.add(plan)
         for op in plan.ops:
-            self.op_plan[op.op_id] = plan
             op.issued_at = now
             self.gmg.mark_issued(op)
         for s in states:
-            s.in_flight = True
+            s.status = Status.RUNNING
             s.scheduled_time = s.scheduled_time or now
-            self.req_plan[s.rid] = plan
-        if plan.is_prefill:
-            key = (plan.placement[0], plan.priority)
-            self.prefill_inflight[key] = self.prefill_inflight.get(key, 0) + 1
-        else:
-            self.decode_inflight.add((plan.placement, plan.priority))
+            s.on_issued()
         self.exec.enqueue(plan.ops)
 
     def _issuable(self, rid: str, plan: Plan) -> RequestState:
         state = self.states.get(rid)
-        if state is None or state.finished or state.in_flight:
+        if state is None or state.status is not Status.RUNNABLE or state.finished:
             raise ValueError(f"{rid} is not runnable")
         if state.placement != plan.placement:
             raise ValueError(f"{rid} holds KV on {state.placement}, not on {plan.placement}")
@@ -344,11 +309,12 @@ class Scheduler:
         out = []
         for f in chunk:
             s = self.states[f.rid]
-            if f.past + f.num_tokens > s.num_tokens:
+            table = s.tables[device]
+            if f.past + f.num_tokens > min(s.num_tokens, len(table) * self.cfg.block_size):
                 raise ValueError(f"{f.rid}: feed [{f.past}, +{f.num_tokens}) is out of range")
-            out.append(SeqSpec(f.rid, s.token_ids(f.past, f.num_tokens), f.past,
-                               list(s.tables[device]), sample=f.samples,
-                               sampling=s.req.sampling, num_generated=len(s.output_ids)))
+            out.append(SeqSpec(f.rid, s.token_ids(f.past, f.num_tokens), f.past, list(table),
+                               sample=f.samples, sampling=s.req.sampling,
+                               num_generated=len(s.output_ids)))
         return out
 
     # -- completions -----------------------------------------------------------------------
@@ -360,7 +326,7 @@ class Scheduler:
         NOTE: waking the loop for every op made it contend with the executors for the
         GIL during every operator (seen as ~0.1 ms per op at batch 1)."""
         self._done.append(op)
-        if op.op_id in self._urgent or op.error is not None or self._retry_on_progress:
+        if op.op_id in self.inflight.urgent or op.error is not None or self._retry_on_progress:
             loop = self._event_loop
             if loop is not None and not loop.is_closed():
                 with contextlib.suppress(RuntimeError):  # closed under us at shutdown
@@ -391,7 +357,7 @@ class Scheduler:
         except Exception as e:
             logger.exception("handling the completion of %s failed", op.name)
             self.health.request_error(f"{type(e).__name__}: {e}")
-            plan = self.op_plan.get(op.op_id)
+            plan = self.inflight.by_op.get(op.op_id)
             if plan is not None:
                 self._abandon(plan, f"internal error after {op.name}: {type(e).__name__}: {e}")
             self._wake.set()
@@ -405,11 +371,10 @@ class Scheduler:
             logger.exception("ending a failed plan raised; ending its requests directly")
             for rid in plan.rids:
                 if (state := self.states.get(rid)) is not None:
-                    state.in_flight = False
-                    self._end(state, FinishReason.ERROR, error)
+                    self.requests.end(state, FinishReason.ERROR, error)
 
     def _op_done(self, op: OpInstance) -> None:
-        plan = self.op_plan.get(op.op_id)
+        plan = self.inflight.by_op.get(op.op_id)
         if plan is None:
             return  # its plan ended already (withdrawn)
         if plan.cancelled:
@@ -420,7 +385,7 @@ class Scheduler:
             self._on_fault(op, plan)
             return
         self.gmg.finish(op)
-        entry = self.plans.pop(op.op_id, None)
+        entry = self.inflight.finals.pop(op.op_id, None)
         if entry is not None:
             self._chunk_done(plan, entry[1], op)
             self._wake.set()
@@ -439,6 +404,7 @@ class Scheduler:
         for f in chunk:
             if (s := self.states.get(f.rid)) is not None:
                 s.num_computed = f.past + f.num_tokens
+                s.on_computed()
         if final.template_index == len(self.model.template.ops) - 1:
             sampled = [f for f in chunk if f.samples]
             for f, token in zip(sampled, final.output.tolist(), strict=True):
@@ -449,7 +415,7 @@ class Scheduler:
 
     def _on_token(self, s: RequestState, token: int) -> None:
         now = self.clock()
-        if s.finished or s.abort_reason is not None:
+        if s.finished:
             return
         s.output_ids.append(token)
         if len(s.output_ids) == 1:
@@ -461,33 +427,23 @@ class Scheduler:
         s.add_decode_node()
         s.emit(TokenEvent(token, len(s.output_ids) - 1, now, reason))
         if reason is not None:
-            s.finished = True
+            s.ending, s.stream_closed = reason, True
 
     def _plan_done(self, plan: Plan, error: str | None = None) -> None:
-        if plan.is_prefill:
-            self.prefill_inflight[(plan.placement[0], plan.priority)] -= 1
-        else:
-            self.decode_inflight.discard((plan.placement, plan.priority))
-        for op in plan.ops:
-            self.op_plan.pop(op.op_id, None)
-            self.plans.pop(op.op_id, None)
-            self._urgent.discard(op.op_id)
+        """A plan is over (completed, withdrawn or failed): its requests are runnable again
+        or end, and a round follows (what they held may now fit something else)."""
+        self._wake.set()
+        held = self.inflight.remove(plan)
         self.gmg.remove(plan.ops)
         self.exec.release(plan.ops)
-        for rid in plan.rids:
-            s = self.states.get(rid)
-            if s is None or self.req_plan.get(rid) is not plan:
+        for rid in held:
+            if (s := self.states.get(rid)) is None:
                 continue
-            del self.req_plan[rid]
-            s.in_flight = False
+            s.status = Status.RUNNABLE
             if error is not None:
-                self._end(s, FinishReason.ERROR, error)
-            elif s.finished:
-                self.kv.free(s.rid)
-                self.states.pop(s.rid, None)
-                s.finish(FinishReason.STOP, emit=False)  # its last token event ended the stream
-            elif s.abort_reason is not None:
-                self._end(s, _abort_reason(s.abort_reason), s.error)
+                self.requests.end(s, FinishReason.ERROR, error, emit=not s.stream_closed)
+            elif s.ending is not None:
+                self.requests.end(s, s.ending, s.error, emit=not s.stream_closed)
 
     # -- views -----------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
@@ -498,10 +454,6 @@ class Scheduler:
 
     def stats(self) -> SchedulerStats:
         return collect(self)
-
-
-def _abort_reason(reason: str) -> FinishReason:
-    return {"stop": FinishReason.STOP, "error": FinishReason.ERROR}.get(reason, FinishReason.ABORT)
 
 
 def _finish_reason(s: RequestState, token: int) -> FinishReason | None:

@@ -54,7 +54,7 @@ class Workload:
 # of the trace) at a lower rate, so that the SLO it yields is tight (<= 1 s).
 RECIPES = {
     "default": Workload(),
-    "strict": Workload(hp_requests=200, rate_scale=0.3, window_start_s=273.4),
+    "strict": Workload(hp_requests=200, rate_scale=0.5, window_start_s=273.4),
 }
 
 

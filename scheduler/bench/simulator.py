@@ -85,8 +85,8 @@ async def _workload(sched: Scheduler, tag: str, sizes: list[tuple[int, str]] = S
                                   SamplingParams(temperature=0, max_tokens=1)), [])
         at = 1 + (n_ops - 2) // 2
         placement = (where,) * n_ops if where != "split" else split("cpu:0", "cpu:1", at, n_ops)
-        sched.states[st.rid] = st
-        sched._admit(Admission(st.rid, placement, n + 1))
+        sched.requests.add(st)
+        sched.requests.admit(Admission(st.rid, placement, n + 1))
         plan = Plan(st.priority, placement, [[Feed(st.view(), 0, n)]])
         plans.append(sched.builder.build(plan))
     now = time.monotonic()

@@ -66,6 +66,9 @@ class SlicePolicy:
         draft = Draft(view, self._simulate)
         for prio in (Priority.HIGH, Priority.NORMAL):
             self._urgent(draft, prio)
+        for r in draft.runnable():
+            if len(set(r.placement or ())) > 1 and not r.is_prefilling:
+                draft.attempt([r.rid], partial(self._migrate, draft, r))
         for plan in decode_plans(draft, lambda r: r.priority):
             draft.attempt(plan.rids, partial(self._decode, draft, plan))
         self._low(draft)
@@ -114,7 +117,7 @@ class SlicePolicy:
         deadline = r.ttft_deadline
         best: Scored | None = None
         for placement, chunks in self._candidates(draft, r):
-            if not draft.can_reserve(placement, r.kv_tokens):
+            if not draft.can_reserve(placement, draft.admission_tokens(r)):
                 continue
             plan = draft.view.builder.build(Plan(r.priority, placement, chunks))
             pred = draft.simulate(plan)
@@ -145,6 +148,30 @@ class SlicePolicy:
         return out
 
     # -- decode ------------------------------------------------------------------------------
+    def _migrate(self, draft: Draft, r: RequestView) -> None:
+        """Gather a split request's KV onto its least-loaded device when the simulation says
+        it pays: a decode step there (plus the copy, once) against one over the split,
+        for each token it may still generate."""
+        assert r.placement is not None
+        remaining = r.max_tokens - r.num_output
+        target = min(set(r.placement), key=lambda d: (draft.load(d), d))
+        if remaining < 1:
+            return
+        split_s = self._step_s(draft, r, r.placement)
+        single_s = self._step_s(draft, r, single(target, draft.view.num_ops))
+        away = sum(d != target for d in r.placement[1:-1]) / max(1, len(r.placement) - 2)
+        nbytes = int(r.blocks_held(target) * draft.view.kv_block_bytes * away)
+        src = next(d for d in r.placement if d != target)
+        copy_s = draft.view.builder.xfer_time(src, target, nbytes)
+        if (split_s - single_s) * remaining > copy_s:
+            draft.migrate(r, target)
+
+    def _step_s(self, draft: Draft, r: RequestView, placement: Placement) -> float:
+        """Predicted seconds until a decode step of `r` alone on `placement` ends."""
+        plan = draft.view.builder.build(Plan(r.priority, placement,
+                                             [[Feed(r, r.num_computed, 1)]]))
+        return draft.simulate(plan).finish[plan.finals[-1].op_id] - draft.view.now
+
     def _decode(self, draft: Draft, plan: Plan) -> None:
         draft.view.builder.build(plan)
         if plan.priority < Priority.LOW or self._harmless(draft, plan):
@@ -182,8 +209,8 @@ class SlicePolicy:
             feeds.append(prefill_feed(r, budget - used))
             used += feeds[-1].num_tokens
         for r in draft.waiting(Priority.LOW):
-            need = draft.blocks_needed(r.kv_tokens)
-            if used >= budget or blocks + need > draft.free_blocks(device):
+            need = draft.blocks_needed(draft.admission_tokens(r))
+            if used >= budget or blocks + need > draft.room(device):
                 break
             blocks += need
             newcomers.add(r.rid)

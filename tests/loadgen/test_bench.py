@@ -92,6 +92,8 @@ def test_config_errors() -> None:
         BenchConfig(out=Path("x"), peers=("tgi",))
     with pytest.raises(ValueError, match="--slo-factor"):
         BenchConfig(out=Path("x"), slo_factor=0)
+    with pytest.raises(ValueError, match="unknown recipe 'loose'"):
+        BenchConfig(out=Path("x"), recipe="loose")
 
 
 def test_bench_of_two_policies_on_the_stub_server(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from executors.fake import VirtualCluster
+from executors.fake import FakeExecutor, VirtualCluster
 from executors.types import Device, OpInstance, OpRole, Priority
 from models.config import ModelConfig
 from models.loader import Model
@@ -24,6 +24,7 @@ from scheduler.config import SchedulerConfig
 from scheduler.ieg import FinishReason, Request
 from scheduler.scheduler import Scheduler
 from tests.scheduler.conftest import linear_time, xfer_time
+from tests.scheduler.kvcheck import KVCheckModel
 
 CONFIG = ModelConfig("llama", vocab_size=1000, hidden_size=64, intermediate_size=128,
                      num_layers=4, num_heads=4, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5,
@@ -49,24 +50,40 @@ class ClusterRun:
 
     def __init__(self, policy: str, devices: int = 2, mem: int = 64 << 20,
                  model: Model | None = None, cfg: SchedulerConfig | None = None,
-                 fault: Callable[[OpInstance], Exception | None] | None = None) -> None:
+                 fault: Callable[[OpInstance], Exception | None] | None = None,
+                 kv_check: bool = False, settle_turns: int = 50) -> None:
         self.cluster = VirtualCluster()
         self.ops: list[OpInstance] = []
         self.fault = fault
+        self.settle_turns = settle_turns
         cfg = cfg or SchedulerConfig(policy=policy, max_model_len=1024, max_batch_tokens=512)
         devs = [Device(f"cpu:{i}", mem) for i in range(devices)]
         self.sched = Scheduler(model or weightless(), devs, policy, linear_time, xfer_time, cfg,
-                               clock=self.cluster.clock,
-                               executor_factory=lambda d, run, done, loop: self.cluster.add(
-                                   d, done, run_op=self._run))
+                               clock=self.cluster.clock, executor_factory=self._executor)
+        self.enqueued_at: dict[int, float] = {}  # op id -> virtual time of its last enqueue
+        self.kv_model = KVCheckModel(self.sched.model.template, self.sched.kv.pools) \
+            if kv_check else None
         self.outcomes: dict[str, Outcome] = {}
         self.classes: dict[str, Priority] = {}  # request id -> its class
         self._tasks: list[asyncio.Task[None]] = []
+
+    def _executor(self, device: Device, run: object, done: Callable[[OpInstance], None],
+                  loop: object) -> FakeExecutor:
+        ex = self.cluster.add(device, done, run_op=self._run)
+        enqueue = ex.enqueue
+
+        def recording(op: OpInstance) -> None:
+            self.enqueued_at[op.op_id] = self.cluster.now
+            enqueue(op)
+        ex.enqueue = recording  # type: ignore[method-assign]
+        return ex
 
     def _run(self, op: OpInstance) -> torch.Tensor | None:
         self.ops.append(op)
         if self.fault is not None and (err := self.fault(op)) is not None:
             raise err
+        if self.kv_model is not None:
+            return self.kv_model(op)
         if op.role is OpRole.COMPUTE and op.name == "head":
             return torch.zeros(op.shape.num_sampled, dtype=torch.long)
         return None
@@ -79,8 +96,10 @@ class ClusterRun:
         await self.sched.stop(drain=False)
 
     def submit(self, rid: str, priority: Priority, prompt_len: int, max_tokens: int = 4,
-               slo_s: float | None = None, tenant: str = "t") -> Outcome:
-        req = Request(rid, tenant, priority, [3 + (i % 50) for i in range(prompt_len)],
+               slo_s: float | None = None, tenant: str = "t",
+               prompt: list[int] | None = None) -> Outcome:
+        ids = prompt if prompt is not None else [3 + (i % 50) for i in range(prompt_len)]
+        req = Request(rid, tenant, priority, ids,
                       SamplingParams(temperature=0, max_tokens=max_tokens), ttft_slo_s=slo_s,
                       arrival_time=self.cluster.now)
         out = self.outcomes[rid] = Outcome()
@@ -99,7 +118,7 @@ class ClusterRun:
         return out
 
     async def settle(self) -> None:
-        for _ in range(50):
+        for _ in range(self.settle_turns):
             await asyncio.sleep(0)
 
     async def run_until(self, t: float) -> None:

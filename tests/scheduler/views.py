@@ -16,6 +16,7 @@ from tests.scheduler.conftest import linear_time, xfer_time
 DEVICES = ("cpu:0", "cpu:1")
 CFG = SchedulerConfig(max_model_len=1024, max_batch_tokens=512)
 NUM_OPS = len(weightless().template.ops)
+BLOCK_BYTES = 1 << 16  # bytes of one KV block over every layer
 
 
 def req(rid: str, priority: Priority = Priority.LOW, prompt: int = 40, max_tokens: int = 8,
@@ -29,7 +30,9 @@ def req(rid: str, priority: Priority = Priority.LOW, prompt: int = 40, max_token
 def make_view(waiting: Iterable[RequestView] = (), runnable: Iterable[RequestView] = (),
               free_blocks: int = 1000, now: float = 0.0, ops: tuple[SimOp, ...] = (),
               deadlines: tuple[tuple[str, float], ...] = (),
-              load: dict[str, float] | None = None, cfg: SchedulerConfig = CFG) -> RoundView:
+              load: dict[str, float] | None = None, cfg: SchedulerConfig = CFG,
+              watermark: int = 0, host_free_bytes: int = 0,
+              running: Iterable[RequestView] = ()) -> RoundView:
     by_class: dict[Priority, list[RequestView]] = {p: [] for p in Priority}
     for r in waiting:
         by_class[r.priority].append(r)
@@ -37,9 +40,10 @@ def make_view(waiting: Iterable[RequestView] = (), runnable: Iterable[RequestVie
     snap = Snapshot(now, ops, devs, deadlines)
     builder = Builder(weightless().template, cfg.block_size, linear_time, xfer_time)
     return RoundView(now, cfg, DEVICES, NUM_OPS, {p: tuple(v) for p, v in by_class.items()},
-                     tuple(runnable), dict.fromkeys(DEVICES, free_blocks), cfg.block_size, snap,
-                     load or dict.fromkeys(DEVICES, 0.0), builder, {}, frozenset(),
-                     cfg.default_ttft_slo_s)
+                     tuple(runnable), tuple(running), dict.fromkeys(DEVICES, free_blocks),
+                     dict.fromkeys(DEVICES, watermark), cfg.block_size, BLOCK_BYTES,
+                     host_free_bytes, snap, load or dict.fromkeys(DEVICES, 0.0), builder, {},
+                     frozenset(), cfg.default_ttft_slo_s)
 
 
 def single(device: str) -> Placement:
