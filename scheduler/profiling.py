@@ -42,8 +42,9 @@ from scheduler.oprunner import Case, Clock, ShapeRunner, copy_bandwidth, time_co
 logger = logging.getLogger(__name__)
 
 # NOTE: bump when the measuring method changes, so caches are refitted (2: co-location
-# slowdowns and each op's sample CoV are measured too)
-SWEEP_VERSION = 2
+# slowdowns and each op's sample CoV are measured too; 3: each round runs the cases in a
+# shuffled order)
+SWEEP_VERSION = 3
 FALLBACK_FLOPS_S = 20e9  # compute rate assumed for a device kind never profiled
 HOST = "local"  # the host of every cpu:N device (they share this machine's cores)
 
