@@ -99,8 +99,10 @@ def _graph(snapshot: Snapshot, candidate: Candidate) -> _Graph:
     base = snapshot.cache.get("graph")
     if base is None:
         ops = list(snapshot.ops)
+        # NOTE: `dispatch_key` inlined (a SimOp's issued_at is never None); a key per op is
+        # a good part of building the graph
         base = snapshot.cache["graph"] = _build(
-            snapshot, ops, [(*dispatch_key(o), i) for i, o in enumerate(ops)])
+            snapshot, ops, [(int(o.priority), o.issued_at, o.op_id, i) for i, o in enumerate(ops)])
     if not candidate.ops:
         return base
     new = candidate.ops
