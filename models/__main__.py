@@ -1,4 +1,4 @@
-"""`python -m models prepare|tune|generate|bench`."""
+"""`python -m models prepare|tune|generate|direct|bench`."""
 
 from __future__ import annotations
 
@@ -44,6 +44,32 @@ def _generate(args: argparse.Namespace) -> None:
                           "finish_reason": out.finish_reason}))
     else:
         print(text)
+
+
+def _direct(args: argparse.Namespace) -> None:
+    """Time requests through the operator chain directly: JSON cases in, JSON timings out."""
+    import statistics
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from models.generate import timed_request
+    from models.loader import load
+
+    torch.set_num_threads(args.threads)
+    model = load(args.model, dtype=args.dtype, threads=args.threads)
+    tokenizer = AutoTokenizer.from_pretrained(model.path)
+    out = []
+    for case in json.loads(Path(args.cases).read_text()):
+        ids = list(tokenizer.encode(case["prompt"], add_special_tokens=True))
+        timed_request(model, ids, case["max_tokens"])  # warm-up
+        runs = [timed_request(model, ids, case["max_tokens"]) for _ in range(args.repeats)]
+        out.append({**case, "prompt_tokens": len(ids), "ttft_s": [r[0] for r in runs],
+                    "total_s": [r[1] for r in runs],
+                    "median_ttft_s": statistics.median(r[0] for r in runs),
+                    "median_total_s": statistics.median(r[1] for r in runs)})
+    print(json.dumps({"model": args.model, "dtype": str(model.dtype), "threads": args.threads,
+                      "kernels": model.kernels.describe(), "cases": out}))
 
 
 def _tune(args: argparse.Namespace) -> None:
@@ -93,6 +119,14 @@ def _parser() -> argparse.ArgumentParser:
                    help="default: the model folder's dtype")
     g.add_argument("--json", action="store_true", help="print token_ids and text as JSON")
     g.set_defaults(fn=_generate)
+    d = sub.add_parser("direct", help="time requests through the operator chain, no server")
+    d.add_argument("--model", default="default")
+    d.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
+    d.add_argument("--threads", type=int, default=1, help="intra-op threads (executors use 1)")
+    d.add_argument("--repeats", type=int, default=10)
+    d.add_argument("--cases", required=True,
+                   help='JSON file: [{"prompt": text, "max_tokens": n}, ...]')
+    d.set_defaults(fn=_direct)
     b = sub.add_parser("bench", help="operator chain vs transformers forward vs GEMM floor")
     b.add_argument("--model", default="default")
     b.add_argument("--dtypes", default="bfloat16,float32")
