@@ -25,7 +25,9 @@ from models.kv_cache import KVCache
 from models.layers import AttnDims, LayerWeights
 from models.linear import ATEN, Linear, onednn_available
 
-GEMM_ROWS = (1, 16, 128)
+GEMM_ROWS = (1, 16, 128, 512)
+COMPUTE_BOUND_ROWS = 128  # from here GEMMs are compute-bound: a few layers' weights suffice
+COMPUTE_BOUND_LAYERS = 3
 NATIVE_ROWS = (1, 2, 4, 8)
 NORM_TOKENS = (1, 16, 128, 512)
 GEMM_BUDGET_BYTES = 256 << 20  # weights timed per candidate: enough to stream from memory
@@ -82,8 +84,10 @@ def measure_gemm(layers: list[LayerWeights], dtype: torch.dtype,
     sets = {c: [Linear.build(lin.plain(), lin.bias, c) for lin in plain]
             for c in gemm_candidates(dtype)}
     ms: dict[str, dict[int, float]] = {c.name: {} for c in sets}
+    few = 5 * COMPUTE_BOUND_LAYERS  # linears of that many layers
     for rows in GEMM_ROWS:
-        got = median_ms({c.name: _gemm_run(s, rows, dtype) for c, s in sets.items()}, repeats)
+        subset = {c: (s if rows < COMPUTE_BOUND_ROWS else s[:few]) for c, s in sets.items()}
+        got = median_ms({c.name: _gemm_run(s, rows, dtype) for c, s in subset.items()}, repeats)
         for name, t in got.items():
             ms[name][rows] = t
     best = {rows: min(ms[c.name][rows] for c in sets) for rows in GEMM_ROWS}

@@ -6,7 +6,8 @@ prefills, on another it is 10x slower. So nothing is assumed: on first load
 of a (CPU, torch, model shape, dtype, threads) this module times
 
 - each GEMM backend (`models.linear`) over the model's own layer weights at
-  1, 16 and 128 rows, weights streamed from memory as in a real step, then
+  1, 16, 128 and 512 rows, weights streamed from memory as in a real step
+  (from 128 rows, compute-bound, over three layers' weights), then
   the native GEMV (`models.native`) against it at 1, 2, 4 and 8 rows;
 - explicit-matmul against SDPA attention for causal prefills of 16..512 tokens;
 - the decode attention kernels at batch 1, 8 and 32 over mixed contexts in a
