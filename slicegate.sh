@@ -46,33 +46,61 @@ ensure_deps() {
     want="$("$PY" -c 'import hashlib, sys; print(hashlib.sha256(open(sys.argv[1], "rb").read()).hexdigest())' pyproject.toml)"
     [[ -f "$STAMP" ]] && have="$(<"$STAMP")"
     [[ "$want" == "$have" ]] && return
-    log "installing slicegate and its dependencies into $VENV"
-    local pip_log="$VENV/.slicegate-pip.log"
-    if ! "$PY" -m pip install -q -e '.[dev]' >"$pip_log" 2>&1; then
+    local pip_log="$VENV/.slicegate-pip.log" started=$SECONDS
+    if [[ -f "$STAMP" ]]; then
+        log "pyproject.toml changed: updating the dependencies in $VENV"
+    else
+        log "installing slicegate and its dependencies (torch CPU, transformers, fastapi, ...)" \
+            "into $VENV; on a fresh machine this takes about 2 minutes"
+    fi
+    log "progress: tail -f $pip_log"
+    if ! "$PY" -m pip install --progress-bar off -e '.[dev]' >"$pip_log" 2>&1; then
         tail -n 40 "$pip_log" >&2
         die "pip install failed (full log: $pip_log)"
     fi
     echo "$want" >"$STAMP"
+    log "dependencies installed in $((SECONDS - started)) s"
 }
 
 setup() {
     ensure_venv
     ensure_deps
+    # NOTE: instant once prepared; the first time it downloads ~100 MB and converts (~30 s).
     "$PY" -m models prepare default
 }
 
 serve() {
     setup
     if [[ -f gateway/__main__.py ]]; then
+        log "starting the server: python -m gateway serve $*"
+        log "it loads the model and measures its operators first (~30 s); ready at 'Uvicorn running'"
         exec "$PY" -m gateway serve "$@"
     fi
     exec "$PY" -m models generate --model default --chat \
         --prompt "${PROMPT:-What is the capital of France?}" --max-tokens 32 "$@"
 }
 
+# NOTE: the browser test drives Debian's chromium (Playwright's own browser download is not
+# reachable everywhere). Installed once where apt-get can run as root; quick when present.
+ensure_chromium() {
+    command -v chromium >/dev/null 2>&1 && return
+    if [[ "$(id -u)" -ne 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
+        log "no chromium and no root apt-get: the browser test will be skipped"
+        return
+    fi
+    log "installing Debian's chromium for the browser test"
+    local apt_log="$VENV/.slicegate-apt.log"
+    if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+            apt-get install -y -qq chromium; } >"$apt_log" 2>&1; then
+        tail -n 20 "$apt_log" >&2
+        die "apt-get install chromium failed (full log: $apt_log)"
+    fi
+}
+
 # Runs every check even after a failure, so one run shows all of them.
 run_tests() {
     setup
+    ensure_chromium
     local failed=()
     "$VENV/bin/ruff" check . || failed+=(ruff)
     "$VENV/bin/mypy" || failed+=(mypy)

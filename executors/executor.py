@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -23,6 +24,8 @@ from executors.types import Device, OpInstance, OpState
 
 RunOp = Callable[[OpInstance], Any]
 OnDone = Callable[[OpInstance], None]
+
+logger = logging.getLogger(__name__)
 
 RECV_RETRY_S = 0.002  # a Recv that could not allocate waits this long before trying again
 
@@ -54,11 +57,22 @@ class Executor:
 
     # -- called from the event loop ------------------------------------------------------
     def enqueue(self, op: OpInstance) -> None:
-        """Queue `op` (a FAILED op is re-issued for a retry; see `dispatch.mark_issued`)."""
+        """Queue `op` (a FAILED op is re-issued for a retry; see `dispatch.mark_issued`).
+        On a dead executor the op fails at once."""
+        self.enqueue_many([op])
+
+    def enqueue_many(self, ops: list[OpInstance]) -> None:
+        """Queue several ops under one lock, waking the worker once."""
         with self._cond:
-            mark_issued(op, time.monotonic())
-            self._pending.append(op)
-            self._cond.notify()
+            if self.alive:
+                now = time.monotonic()
+                for op in ops:
+                    mark_issued(op, now)
+                self._pending.extend(ops)
+                self._cond.notify()
+                return
+        for op in ops:
+            self._fail(op, RuntimeError(f"executor {self.device.name} is dead"))
 
     def cancel(self, ops: set[OpInstance]) -> list[OpInstance]:
         """Remove queued (not running) ops; returns the ones removed."""
@@ -113,9 +127,22 @@ class Executor:
             self._thread_init()
             while (op := self._take()) is not None:
                 self._execute(op)
-        except BaseException:  # pragma: no cover - a dead executor is reported by health
+        except BaseException as e:  # NOTE: the thread dies; its ops must not hang
+            logger.critical("executor %s died", self.device.name, exc_info=True)
+            self._fail_all(e)
+
+    def _fail_all(self, cause: BaseException) -> None:
+        """Report every op left on this dead executor as FAILED (their plans end)."""
+        with self._cond:
             self.alive = False
-            raise
+            left = [op for op in [self.running, *self._pending] if op is not None]
+            self._pending, self.running = [], None
+        for op in left:
+            self._fail(op, RuntimeError(f"executor {self.device.name} died: {cause!r}"))
+
+    def _fail(self, op: OpInstance, error: Exception) -> None:
+        op.error, op.end, op.state = error, time.monotonic(), OpState.FAILED
+        self._report(op)
 
     def _thread_init(self) -> None:
         """Runs first in the worker thread (override point: CUDA device and stream)."""

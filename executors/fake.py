@@ -80,6 +80,10 @@ class FakeExecutor:
         self._pending.append(op)
         self._cluster.poke()
 
+    def enqueue_many(self, ops: list[OpInstance]) -> None:
+        for op in ops:
+            self.enqueue(op)
+
     def cancel(self, ops: set[OpInstance]) -> list[OpInstance]:
         """Remove queued (not running) ops; returns the ones removed."""
         removed = [op for op in self._pending if op in ops]

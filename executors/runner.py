@@ -37,7 +37,8 @@ class ModelRunner:
         assert op.batch is not None
         dev = self.devices[op.device].torch_device
         x = op.input.output if op.input is not None else None
-        return self.model.ops_on(dev)[op.template_index].run(op.batch, x, self.kv.get(op.device))
+        return self.model.ops_on(dev)[op.template_index].run(op.batch.get(), x,
+                                                            self.kv.get(op.device))
 
     def _recv(self, op: OpInstance) -> torch.Tensor:
         # NOTE: the buffer is counted against the destination until the op is released

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from models.batch import Batch, BatchShape
+from models.batch import BatchShape, BatchSource
 
 
 class Priority(enum.IntEnum):
@@ -97,7 +97,7 @@ class OpInstance:
     request_ids: tuple[str, ...]
     deps: tuple[OpInstance, ...] = ()
     input: OpInstance | None = None
-    batch: Batch | None = None  # device tensors, for compute ops
+    batch: BatchSource | None = None  # compute ops: this device's batch (tensors built lazily)
     peer: OpInstance | None = None  # SEND: its RECV (whose buffer it fills)
     est_s: float = 0.0  # estimated duration
     mem_bytes: int = 0  # activation bytes held from start until consumers finish

@@ -1,4 +1,5 @@
-"""OpenAI-compatible HTTP gateway: tenants, priority, streaming, metrics, graceful lifecycle."""
+"""OpenAI-compatible HTTP gateway: tenants, priority, streaming, metrics, graceful lifecycle,
+the Batch API (`gateway.batches`) and the admin page (`gateway.ui`)."""
 
 from gateway.app import create_app
 from gateway.config import GatewayConfig, load_config

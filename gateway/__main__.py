@@ -8,7 +8,15 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from gateway.config import DTYPES, POLICIES, ConfigError, GatewayConfig, load_config
+from gateway.batches.service import DataDirBusy, check_data_dir
+from gateway.config import (
+    DTYPES,
+    KV_ADMISSIONS,
+    POLICIES,
+    ConfigError,
+    GatewayConfig,
+    load_config,
+)
 from gateway.engine import build_engine
 from gateway.server import serve
 from gateway.tenants import TenantsFileError
@@ -17,10 +25,14 @@ from gateway.tenants import TenantsFileError
 _OVERRIDES = {
     "model": "model.spec", "served_model_name": "model.served_model_name",
     "dtype": "model.dtype", "max_model_len": "model.max_model_len",
+    "generation_config": "model.generation_config",
     "devices": "scheduler.devices", "device_memory_gib": "scheduler.device_memory_gib",
-    "policy": "scheduler.policy", "tenants": "tenants_file", "host": "server.host",
+    "policy": "scheduler.policy", "kv_cache_gib": "scheduler.kv_cache_gib",
+    "swap_space_gib": "scheduler.swap_space_gib", "kv_admission": "scheduler.kv_admission",
+    "tenants": "tenants_file", "host": "server.host",
     "port": "server.port", "drain_timeout": "server.drain_timeout_s",
     "request_timeout": "server.request_timeout_s", "log_level": "server.log_level",
+    "data_dir": "batch.data_dir",
 }
 
 
@@ -34,15 +46,27 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--served-model-name", help="the model name clients send")
     s.add_argument("--dtype", choices=DTYPES)
     s.add_argument("--max-model-len", type=int, help="context limit in tokens")
+    s.add_argument("--generation-config", metavar="auto|none|DIR",
+                   help="sampling defaults for what requests omit: the model folder's "
+                        "generation_config.json (auto, the default), none, or DIR's")
     s.add_argument("--devices", help="e.g. cuda:0,cuda:1 (default: every GPU, else cpu:0,cpu:1)")
     s.add_argument("--device-memory-gib", type=float, help="memory budget per device")
     s.add_argument("--policy", choices=POLICIES)
+    s.add_argument("--kv-cache-gib", type=float, help="KV cache per device (default: what the "
+                                                      "memory budget leaves)")
+    s.add_argument("--swap-space-gib", type=float,
+                   help="host memory for preempted requests' KV (default 4; 0: recompute)")
+    s.add_argument("--kv-admission", choices=KV_ADMISSIONS,
+                   help="on-demand (default): reserve the prompt, grow per block; full: "
+                        "reserve prompt + max_tokens at admission (the old rule, to compare)")
     s.add_argument("--tenants", help="tenants file (YAML); without one, auth is off")
     s.add_argument("--host", help="bind address (default 127.0.0.1)")
     s.add_argument("--port", type=int, help="port (default 8000)")
     s.add_argument("--drain-timeout", type=float, help="SIGTERM: seconds to finish in-flight")
     s.add_argument("--request-timeout", type=float, help="total deadline of one request, s")
     s.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+    s.add_argument("--data-dir", help="Batch API files and state (default: the user data dir, "
+                                      "or $SLICEGATE_DATA_DIR)")
     return parser
 
 
@@ -57,6 +81,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = config_from_args(args)
     except (ConfigError, TenantsFileError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        check_data_dir(config.batch.resolved_data_dir)  # before minutes of model loading
+    except (DataDirBusy, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=config.server.log_level.upper(),

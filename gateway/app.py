@@ -7,6 +7,8 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from gateway.batches.routes import router as batch_router
+from gateway.batches.service import BatchService
 from gateway.bodylimit import BodyLimitMiddleware
 from gateway.config import GatewayConfig
 from gateway.engine import Engine, build_engine
@@ -16,25 +18,36 @@ from gateway.metrics import GatewayMetrics
 from gateway.quotas import Quotas
 from gateway.routes import router
 from gateway.state import AppState
+from gateway.ui.routes import router as ui_router
+
+_MULTIPART_SLACK_BYTES = 1 << 20  # form fields and part headers around an uploaded file
 
 
 def create_app(config: GatewayConfig, engine: Engine | None = None) -> FastAPI:
     """The gateway app for `config`; `engine` defaults to `build_engine(config)`.
 
-    The app's lifespan starts the engine's scheduler and, on shutdown, stops it
-    (draining for up to `config.server.drain_timeout_s`). Its state is
-    `app.state.gateway` (an `AppState`).
+    The app's lifespan starts the engine's scheduler and the Batch API (which
+    resumes unfinished batches) and, on shutdown, stops the Batch API and then
+    the scheduler (draining for up to `config.server.drain_timeout_s`). Its
+    state is `app.state.gateway` (an `AppState`).
     """
     engine = engine if engine is not None else build_engine(config)
     metrics = GatewayMetrics(engine.served_model_name)
     metrics.set_tenants(config.tenants.tenants)
-    state = AppState(config, engine, Quotas(), metrics, Lifecycle())
+    batches = BatchService(config.batch)
+    metrics.registry.register(batches)
+    state = AppState(config, engine, Quotas(), metrics, Lifecycle(), batches)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await engine.scheduler.start()
         try:
-            yield
+            await batches.start(state)
+            try:
+                yield
+            finally:
+                state.lifecycle.begin_drain()
+                await batches.stop()
         finally:
             state.lifecycle.begin_drain()
             await engine.scheduler.stop(drain=True, timeout_s=config.server.drain_timeout_s)
@@ -43,7 +56,11 @@ def create_app(config: GatewayConfig, engine: Engine | None = None) -> FastAPI:
                   openapi_url=None)
     app.state.gateway = state
     app.include_router(router)
+    app.include_router(batch_router)
+    app.include_router(ui_router)
     app.add_middleware(DrainMiddleware, lifecycle=state.lifecycle)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=config.server.max_body_bytes)
+    upload_limit = config.batch.max_file_bytes + _MULTIPART_SLACK_BYTES
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.server.max_body_bytes,
+                       path_limits={"/v1/files": upload_limit})
     install_error_handlers(app)  # its middleware goes outermost: ids and 500s for everything
     return app

@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import Request
 from starlette.responses import Response
 from starlette.types import Receive
 
 from executors.types import Priority
+from gateway.engine import Engine
 from gateway.errors import ApiError, arrival_of, request_id_of
 from gateway.generation import Generation, merge
 from gateway.job import Job, submit_error
@@ -31,16 +32,26 @@ from models.sampling_params import SamplingParams
 from scheduler.ieg import Request as SchedulerRequest
 from scheduler.ieg import SubmitError
 
+_T = TypeVar("_T")
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"; never seen by it
 
 
-def _sampling(options: GenerationOptions, max_tokens: int,
-              eos_token_ids: tuple[int, ...]) -> SamplingParams:
-    stops = (() if options.ignore_eos else eos_token_ids) + options.stop_token_ids
-    return SamplingParams(temperature=options.temperature, top_p=options.top_p,
-                          top_k=options.top_k, seed=options.seed, max_tokens=max_tokens,
+def _sampling(options: GenerationOptions, max_tokens: int, engine: Engine) -> SamplingParams:
+    """The request's own values, else the served model's defaults, else OpenAI's."""
+    defaults = engine.sampling_defaults
+    stops = (() if options.ignore_eos else engine.eos_token_ids) + options.stop_token_ids
+    return SamplingParams(temperature=_first(options.temperature, defaults.temperature, 1.0),
+                          top_p=_first(options.top_p, defaults.top_p, 1.0),
+                          top_k=_first(options.top_k, defaults.top_k, 0),
+                          seed=options.seed, max_tokens=max_tokens,
                           min_tokens=options.min_tokens,
                           stop_token_ids=tuple(dict.fromkeys(stops)))
+
+
+def _first(given: _T | None, default: _T | None, fallback: _T) -> _T:
+    if given is not None:
+        return given
+    return default if default is not None else fallback
 
 
 def _charged_tokens(options: GenerationOptions, prompts: list[list[int]],
@@ -53,20 +64,20 @@ def _charged_tokens(options: GenerationOptions, prompts: list[list[int]],
     return prompt_tokens + sum(max_tokens)
 
 
-def _build_job(request: Request, state: AppState, tenant: Tenant, priority: Priority,
-               options: GenerationOptions, prompts: list[list[int]], chat: bool) -> Job:
+def build_job(state: AppState, tenant: Tenant, priority: Priority, options: GenerationOptions,
+              prompts: list[list[int]], chat: bool, *, request_id: str, arrival: float,
+              ttft_slo_s: float | None) -> Job:
+    """An admitted, not yet submitted Job: limits resolved, quota charged (429 ApiError)."""
     engine, config = state.engine, state.config
-    max_tokens = [resolve_max_tokens(options, len(p), engine.max_model_len, chat)
-                  for p in prompts]
-    request_id = request_id_of(request)
+    max_tokens = [resolve_max_tokens(options, len(p), engine.max_model_len, chat,
+                                     engine.sampling_defaults.max_tokens) for p in prompts]
     fmt = ResponseFormat(chat, f"{'chatcmpl' if chat else 'cmpl'}-{request_id}",
                          int(time.time()), engine.served_model_name, options.include_usage)
-    arrival = arrival_of(request)
     generations = [
         Generation(i, SchedulerRequest(
             request_id=f"{fmt.id}-{i}", tenant=tenant.name, priority=priority,
-            prompt_token_ids=ids, sampling=_sampling(options, max_tokens[i], engine.eos_token_ids),
-            ttft_slo_s=tenant.ttft_slo_s, arrival_time=arrival,
+            prompt_token_ids=ids, sampling=_sampling(options, max_tokens[i], engine),
+            ttft_slo_s=ttft_slo_s, arrival_time=arrival,
             deadline_s=config.server.request_timeout_s), engine, options.stop)
         for i, ids in enumerate(prompts)]
     lease = state.quotas.acquire(tenant, _charged_tokens(options, prompts, max_tokens, chat))
@@ -81,7 +92,9 @@ async def generate(request: Request, tenant: Tenant, options: GenerationOptions,
     priority = effective_priority(tenant.priority, request.headers.get("x-priority"),
                                   options.priority, options.service_tier)
     try:
-        job = _build_job(request, state, tenant, priority, options, prompts, chat)
+        job = build_job(state, tenant, priority, options, prompts, chat,
+                        request_id=request_id_of(request), arrival=arrival_of(request),
+                        ttft_slo_s=tenant.ttft_slo_s)
     except ApiError as exc:
         if exc.status == 429:
             state.metrics.rejected.labels(tenant.name, exc.type).inc()
@@ -96,7 +109,8 @@ async def generate(request: Request, tenant: Tenant, options: GenerationOptions,
     return json_response(result, headers=job.headers)
 
 
-async def _collect(job: Job, prompt_param: str) -> dict[str, Any]:
+async def collect(job: Job, prompt_param: str) -> dict[str, Any]:
+    """The non-streaming response body of a submitted job (a failed generation: 500 ApiError)."""
     n = len(job.generations)
     texts: list[str] = [""] * n
     finishes: list[str | None] = [None] * n
@@ -119,13 +133,13 @@ async def _collect(job: Job, prompt_param: str) -> dict[str, Any]:
 async def _collect_unless_disconnected(job: Job, receive: Receive,
                                        prompt_param: str) -> dict[str, Any] | None:
     """The response body, or None when the client went away first (the job is aborted)."""
-    collect = asyncio.ensure_future(_collect(job, prompt_param))
+    collecting = asyncio.ensure_future(collect(job, prompt_param))
     watch = asyncio.ensure_future(wait_for_disconnect(receive))
     try:
-        await asyncio.wait({collect, watch}, return_when=asyncio.FIRST_COMPLETED)
-        return collect.result() if collect.done() else None
+        await asyncio.wait({collecting, watch}, return_when=asyncio.FIRST_COMPLETED)
+        return collecting.result() if collecting.done() else None
     finally:
-        for task in (collect, watch):
+        for task in (collecting, watch):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task

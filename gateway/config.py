@@ -2,9 +2,11 @@
 
 A config file mirrors the tree (every key optional)::
 
-    model:     {spec: default, served_model_name: null, dtype: bfloat16, max_model_len: null}
+    model:     {spec: default, served_model_name: null, dtype: bfloat16, max_model_len: null,
+                generation_config: auto}
     scheduler: {devices: "cpu:0,cpu:1", device_memory_gib: null, policy: slice}
     server:    {host: 127.0.0.1, port: 8000, drain_timeout_s: 30, request_timeout_s: 600}
+    batch:     {data_dir: null, max_file_bytes: 104857600, max_file_lines: 50000}
     tenants_file: tenants.yaml
 
 Precedence: built-in defaults < config file < command-line flags.
@@ -13,12 +15,14 @@ Precedence: built-in defaults < config file < command-line flags.
 from __future__ import annotations
 
 import dataclasses
+import os
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import platformdirs
 import yaml
 
 from gateway.tenants import TenantsConfig, load_tenants
@@ -26,6 +30,7 @@ from scheduler import factory
 
 DTYPES = ("bfloat16", "float32")
 POLICIES = ("slice", "fcfs", "priority", "static")
+KV_ADMISSIONS = ("on-demand", "full")
 
 
 class ConfigError(ValueError):
@@ -58,9 +63,14 @@ class ModelSettings:
     served_model_name: str | None = None  # the `model` clients send; None = derived from spec
     dtype: str = "bfloat16"
     max_model_len: int | None = None  # None = the model's own limit
+    # sampling defaults for what requests omit: "auto" (the model folder's
+    # generation_config.json, as vLLM), "none" (OpenAI's), or a folder holding one
+    generation_config: str = "auto"
 
     def __post_init__(self) -> None:
         _require(isinstance(self.spec, str) and bool(self.spec), "model.spec", "non-empty string")
+        _require(isinstance(self.generation_config, str) and bool(self.generation_config),
+                 "model.generation_config", "'auto', 'none' or a folder")
         _require(self.dtype in DTYPES, "model.dtype", f"one of {', '.join(DTYPES)}")
         _require(self.max_model_len is None or (isinstance(self.max_model_len, int)
                                                 and self.max_model_len >= 1),
@@ -74,13 +84,22 @@ class SchedulerSettings:
     devices: tuple[str, ...] = field(default_factory=default_devices)
     device_memory_gib: float | None = None  # per-device budget; None = what the device has
     policy: str = "slice"
+    kv_cache_gib: float | None = None  # KV pool per device; None = what the budget leaves
+    swap_space_gib: float = 4.0  # host memory for preempted requests' KV (0: recompute)
+    kv_admission: str = "on-demand"  # or "full": reserve prompt + max_tokens at admission
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "devices", parse_devices(self.devices))
         _require(self.policy in POLICIES, "scheduler.policy", f"one of {', '.join(POLICIES)}")
-        gib = self.device_memory_gib
-        _require(gib is None or (isinstance(gib, int | float) and not isinstance(gib, bool)
-                                 and gib > 0), "scheduler.device_memory_gib", "a positive number")
+        for key, zero_ok in (("device_memory_gib", False), ("kv_cache_gib", False),
+                             ("swap_space_gib", True)):
+            gib = getattr(self, key)
+            _require(gib is None or (isinstance(gib, int | float) and not isinstance(gib, bool)
+                                     and (gib >= 0 if zero_ok else gib > 0)),
+                     f"scheduler.{key}", "a non-negative number" if zero_ok else
+                     "a positive number")
+        _require(self.kv_admission in KV_ADMISSIONS, "scheduler.kv_admission",
+                 f"one of {', '.join(KV_ADMISSIONS)}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +127,34 @@ class ServerSettings:
                      f"server.{key}", "a positive integer")
 
 
+def default_data_dir() -> str:
+    """`$SLICEGATE_DATA_DIR`, else slicegate's folder in the user data dir."""
+    return os.environ.get("SLICEGATE_DATA_DIR") or platformdirs.user_data_dir("slicegate")
+
+
+@dataclass(frozen=True, slots=True)
+class BatchSettings:
+    """The Batch API: where files and batch state live, upload limits, how lines are fed."""
+
+    data_dir: str | None = None  # None = default_data_dir(), resolved when the app starts
+    max_file_bytes: int = 100 << 20  # a larger upload gets 413
+    max_file_lines: int = 50_000  # requests per input file, as OpenAI's limit
+    max_in_flight: int = 32  # batch lines submitted and unfinished, over all batches
+    max_waiting: int = 2  # of those, lines not yet started (no first token): feeding pauses
+
+    def __post_init__(self) -> None:
+        _require(self.data_dir is None or (isinstance(self.data_dir, str) and bool(self.data_dir)),
+                 "batch.data_dir", "a non-empty path")
+        for key in ("max_file_bytes", "max_file_lines", "max_in_flight", "max_waiting"):
+            value = getattr(self, key)
+            _require(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+                     f"batch.{key}", "a positive integer")
+
+    @property
+    def resolved_data_dir(self) -> str:
+        return self.data_dir or default_data_dir()
+
+
 @dataclass(frozen=True, slots=True)
 class GatewayConfig:
     """Everything `create_app` and `serve` need, validated once."""
@@ -115,6 +162,7 @@ class GatewayConfig:
     model: ModelSettings = field(default_factory=ModelSettings)
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
     server: ServerSettings = field(default_factory=ServerSettings)
+    batch: BatchSettings = field(default_factory=BatchSettings)
     tenants: TenantsConfig = field(default_factory=TenantsConfig)
     tenants_file: str | None = None  # where `tenants` came from, for messages
 
@@ -123,7 +171,8 @@ class GatewayConfig:
         return self.model.served_model_name or self.model.spec
 
 
-_SECTIONS = {"model": ModelSettings, "scheduler": SchedulerSettings, "server": ServerSettings}
+_SECTIONS = {"model": ModelSettings, "scheduler": SchedulerSettings, "server": ServerSettings,
+             "batch": BatchSettings}
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, SchedulerSettings
+from gateway.sampling_defaults import SamplingDefaults, load_sampling_defaults
 from models.loader import load
 from scheduler.api import SchedulerAPI
 from scheduler.config import SchedulerConfig
@@ -18,6 +20,8 @@ from scheduler.factory import build_scheduler, parse_devices
 
 if TYPE_CHECKING:
     from models import Model
+
+logger = logging.getLogger("gateway")
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +39,7 @@ class Engine:
     vocab_size: int  # prompt token ids must be below it
     eos_token_ids: tuple[int, ...] = ()  # end generation unless the request sets ignore_eos
     model_aliases: tuple[str, ...] = ()  # other `model` values accepted for this model
+    sampling_defaults: SamplingDefaults = SamplingDefaults()  # for what requests omit
     created: int = field(default_factory=lambda: int(time.time()))  # unix s, for /v1/models
 
     def __post_init__(self) -> None:
@@ -67,10 +72,14 @@ def eos_ids(tokenizer: PreTrainedTokenizerBase, *more: int) -> tuple[int, ...]:
 def engine_for_model(model: Model, scheduler: SchedulerAPI, config: GatewayConfig) -> Engine:
     """An Engine over a loaded `models.Model` and the scheduler that runs it.
 
-    Reads `model.path` (tokenizer files), `model.name`, `model.config.vocab_size`,
-    `model.config.max_position_embeddings` and `model.config.eos_token_ids`.
+    Reads `model.path` (tokenizer files, generation_config.json), `model.name`,
+    `model.config.vocab_size`, `model.config.max_position_embeddings` and
+    `model.config.eos_token_ids`.
     """
     tokenizer = load_tokenizer(model.path)
+    defaults = load_sampling_defaults(config.model.generation_config, model.path)
+    logger.info("sampling defaults for what requests omit: %s%s", defaults.describe(),
+                "; --generation-config none turns them off" if defaults.as_dict() else "")
     limit = model.config.max_position_embeddings
     max_model_len = min(config.model.max_model_len or limit, limit)
     return Engine(
@@ -81,6 +90,7 @@ def engine_for_model(model: Model, scheduler: SchedulerAPI, config: GatewayConfi
         vocab_size=model.config.vocab_size,
         eos_token_ids=eos_ids(tokenizer, *model.config.eos_token_ids),
         model_aliases=tuple({model.name, config.model.spec} - {config.served_model_name}),
+        sampling_defaults=defaults,
     )
 
 
@@ -97,11 +107,19 @@ def device_memory_gib(config: GatewayConfig) -> float:
     return CPU_DEVICE_MEMORY_GIB
 
 
+def scheduler_config(s: SchedulerSettings, max_model_len: int) -> SchedulerConfig:
+    """The scheduler's settings from the gateway's (GiB to bytes)."""
+    kv = None if s.kv_cache_gib is None else int(s.kv_cache_gib * 2**30)
+    return SchedulerConfig(policy=s.policy, max_model_len=max_model_len, kv_cache_bytes=kv,
+                           swap_space_bytes=int(s.swap_space_gib * 2**30),
+                           kv_admission=s.kv_admission)
+
+
 def build_engine(config: GatewayConfig) -> Engine:
     """Load `config.model`, profile (or load cached) estimators, build the scheduler."""
     model = load(config.model.spec, dtype=config.model.dtype)
     limit = model.config.max_position_embeddings
     max_len = min(config.model.max_model_len or limit, limit)
     devices = parse_devices(list(config.scheduler.devices), device_memory_gib(config))
-    cfg = SchedulerConfig(policy=config.scheduler.policy, max_model_len=max_len)
+    cfg = scheduler_config(config.scheduler, max_len)
     return engine_for_model(model, build_scheduler(model, devices, cfg), config)

@@ -67,6 +67,13 @@ class Fields:
         self._check_range(key, value, minimum, maximum)
         return float(value)
 
+    def optional_float(self, key: str, minimum: float | None = None,
+                       maximum: float | None = None, above: float | None = None) -> float | None:
+        """Like `float_`, but None when the field is absent or null."""
+        if self.body.get(key) is None:
+            return None
+        return self.float_(key, 0.0, minimum, maximum, above)
+
     def bool_(self, key: str, default: bool) -> bool:
         value = self.body.get(key)
         if value is None:

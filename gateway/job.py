@@ -11,6 +11,7 @@ from gateway.errors import ApiError
 from gateway.generation import Generation
 from gateway.metrics import GatewayMetrics
 from gateway.quotas import Lease, retry_after
+from gateway.recent import FinishedRequest
 from gateway.responses import ResponseFormat, usage
 from gateway.tenants import Tenant
 from scheduler.ieg import Overloaded, RequestTooLarge, SubmitError
@@ -32,6 +33,8 @@ class Job:
 
     def submit(self, prompt_param: str) -> None:
         """Submit every choice; on a refusal abort those already submitted and raise an ApiError."""
+        self.metrics.recent.started((g.request.request_id for g in self.generations),
+                                    self.tenant.name)
         try:
             for generation in self.generations:
                 generation.submit()
@@ -68,9 +71,13 @@ class Job:
         m.prompt_tokens.labels(*labels).inc(g.num_prompt_tokens)
         m.generation_tokens.labels(*labels).inc(g.num_generated)
         m.success.labels(*labels, g.finish_reason or "abort").inc()
-        if g.first_token_time is None:
+        ttft = (None if g.first_token_time is None
+                else max(g.first_token_time - self.arrival_time, 0.0))
+        m.recent.finished(FinishedRequest(g.request.request_id, self.tenant.name,
+                                          self.priority.label, now, ttft, g.request.ttft_slo_s))
+        if g.first_token_time is None or ttft is None:
             return
-        m.ttft.labels(*labels).observe(max(g.first_token_time - self.arrival_time, 0.0))
+        m.ttft.labels(*labels).observe(ttft)
         m.e2e.labels(*labels).observe(now - self.arrival_time)
         if g.num_generated > 1 and g.last_token_time is not None:
             tpot = (g.last_token_time - g.first_token_time) / (g.num_generated - 1)

@@ -8,18 +8,24 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import Histogram as PromHistogram
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 
+from gateway.recent import RecentRequests
 from gateway.tenants import Tenant
-from scheduler.api import SchedulerStats
+from scheduler.api import Histogram, SchedulerStats
 
 _LABELS = ["model_name", "tenant", "priority"]
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                     40.0, 80.0, 160.0, 640.0)
 _TOKEN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
                   2.5, 5.0, 10.0)
-_SIM_BUCKETS = (1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5)
 
 
 class _StatsCollector:
@@ -53,15 +59,42 @@ class _StatsCollector:
         yield _by_key(GaugeMetricFamily("slicegate_estimator_mape",
                                         "Mean absolute percentage error of an estimator.",
                                         labels=["estimator"]), s.estimator_mape.items())
-        healthy = GaugeMetricFamily("slicegate_healthy", "1 while every executor is alive.")
+        healthy = GaugeMetricFamily("slicegate_healthy",
+                                    "1 while the scheduler runs, its rounds succeed and every "
+                                    "executor is alive.")
         healthy.add_metric([], 1.0 if s.healthy else 0.0)
         yield healthy
+        for name, help_, value in (
+                ("slicegate_kv_swapped_bytes", "KV bytes preemptions moved to host memory.",
+                 s.kv_swapped_bytes),
+                ("slicegate_kv_recomputed_tokens",
+                 "Tokens of KV preemptions dropped, to recompute.", s.kv_recomputed_tokens)):
+            counter = CounterMetricFamily(name, help_)
+            counter.add_metric([], value)
+            yield counter
+        errors = CounterMetricFamily("slicegate_scheduler_errors",
+                                     "Exceptions caught in scheduling rounds and completion "
+                                     "handlers (their requests ended with a server error).")
+        errors.add_metric([], s.errors_total)
+        yield errors
+        yield _histogram(HistogramMetricFamily(
+            "slicegate_scheduler_round_seconds",
+            "Wall time of one scheduling round (view, policy decision, apply)."), s.round_seconds)
 
 
 def _per_class(family: GaugeMetricFamily | CounterMetricFamily, model_name: str,
                values: dict[tuple[str, str], int]) -> Metric:
     for (tenant, priority), value in sorted(values.items()):
         family.add_metric([model_name, tenant, priority], value)
+    return family
+
+
+def _histogram(family: HistogramMetricFamily, h: Histogram) -> Metric:
+    cumulative, buckets = 0, []
+    for bound, count in zip([*map(str, h.bounds_s), "+Inf"], h.counts, strict=True):
+        cumulative += count
+        buckets.append((bound, cumulative))
+    family.add_metric([], buckets, h.sum_s)
     return family
 
 
@@ -78,14 +111,14 @@ class GatewayMetrics:
         self.model_name = model_name
         self.registry = CollectorRegistry()
         r = self.registry
-        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token.",
+        self.ttft = PromHistogram("vllm:time_to_first_token_seconds", "Time to first token.",
                               _LABELS, buckets=_LATENCY_BUCKETS, registry=r)
-        self.tpot = Histogram("vllm:time_per_output_token_seconds",
+        self.tpot = PromHistogram("vllm:time_per_output_token_seconds",
                               "Mean time per output token after the first, per request.",
                               _LABELS, buckets=_TOKEN_BUCKETS, registry=r)
-        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Arrival to last token.",
+        self.e2e = PromHistogram("vllm:e2e_request_latency_seconds", "Arrival to last token.",
                              _LABELS, buckets=_LATENCY_BUCKETS, registry=r)
-        self.queue = Histogram("vllm:request_queue_time_seconds",
+        self.queue = PromHistogram("vllm:request_queue_time_seconds",
                                "Arrival to hand-over to the scheduler.", _LABELS,
                                buckets=_LATENCY_BUCKETS, registry=r)
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prefilled prompt tokens.", _LABELS,
@@ -99,11 +132,9 @@ class GatewayMetrics:
                                 ["tenant", "reason"], registry=r)
         self.ttft_slo = Gauge("slicegate_tenant_ttft_slo_seconds", "A tenant's TTFT SLO.",
                               ["tenant", "priority"], registry=r)
-        self.simulation = Histogram("slicegate_simulation_seconds",
-                                    "Wall time of one what-if simulation.", buckets=_SIM_BUCKETS,
-                                    registry=r)
         self._stats = _StatsCollector(model_name)
         r.register(self._stats)
+        self.recent = RecentRequests()  # per-request records for /admin/timeline
 
     def set_tenants(self, tenants: Iterable[Tenant]) -> None:
         for tenant in tenants:
@@ -115,7 +146,5 @@ class GatewayMetrics:
 
     def render(self, stats: SchedulerStats) -> bytes:
         """The exposition text, after folding in the scheduler's current stats."""
-        for sample in stats.simulation_seconds:
-            self.simulation.observe(sample)
         self._stats.stats = stats
         return generate_latest(self.registry)

@@ -51,8 +51,10 @@ def tokenize_chat(engine: Engine, messages: tuple[ChatMessage, ...]) -> list[int
 
 
 def resolve_max_tokens(options: GenerationOptions, num_prompt_tokens: int, max_model_len: int,
-                       chat: bool) -> int:
-    """The request's max_tokens: explicit, or the endpoint default; 400 past the context."""
+                       chat: bool, default: int | None = None) -> int:
+    """The request's max_tokens: explicit, else `default` (the model's max_new_tokens), else
+    the endpoint's (16 for completions, the rest of the context for chat); 400 past the context.
+    """
     prompt_param = "messages" if chat else "prompt"
     room = max_model_len - num_prompt_tokens
     if room < 1:
@@ -61,7 +63,8 @@ def resolve_max_tokens(options: GenerationOptions, num_prompt_tokens: int, max_m
                                     "tokens, which leaves no room for a completion. Please "
                                     "shorten it.", code="context_length_exceeded")
     if options.max_tokens is None:
-        max_tokens = room if chat else min(DEFAULT_COMPLETION_MAX_TOKENS, room)
+        endpoint_default = room if chat else DEFAULT_COMPLETION_MAX_TOKENS
+        max_tokens = min(default or endpoint_default, room)
     elif options.max_tokens > room:
         raise invalid("max_tokens", f"This model's maximum context length is {max_model_len} "
                                     f"tokens. However, you requested "

@@ -24,13 +24,17 @@ CHAT_ROLES = ("system", "developer", "user", "assistant")
 
 @dataclass(frozen=True, slots=True)
 class GenerationOptions:
-    """The fields both endpoints share, validated; defaults as OpenAI/vLLM."""
+    """The fields both endpoints share, validated; defaults as OpenAI/vLLM.
+
+    Sampling fields the client left out stay None, so that the served model's
+    recommended defaults (`SamplingDefaults`) can fill them.
+    """
 
     model: str | None = None  # None: the served model
-    max_tokens: int | None = None  # None: the endpoint's default (16, or the rest of the context)
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0 = off (vLLM's -1 is accepted and means off)
+    max_tokens: int | None = None  # None: the server's default (gateway.sampling_defaults)
+    temperature: float | None = None  # None here and below: the server's default
+    top_p: float | None = None
+    top_k: int | None = None  # 0 = off (vLLM's -1 is accepted and means off)
     seed: int | None = None
     min_tokens: int = 0
     ignore_eos: bool = False
@@ -132,13 +136,13 @@ def _options(fields: Fields, max_tokens: int | None) -> GenerationOptions:
     stream_options = fields.obj("stream_options")
     if stream_options is not None and not stream:
         raise invalid("stream_options", "'stream_options' is only allowed when 'stream' is true.")
-    top_k = fields.int_("top_k", 0, minimum=-1)
+    top_k = fields.int_("top_k", None, minimum=-1)
     return GenerationOptions(
         model=fields.str_("model"),
         max_tokens=max_tokens,
-        temperature=fields.float_("temperature", 1.0, minimum=0.0),
-        top_p=fields.float_("top_p", 1.0, maximum=1.0, above=0.0),
-        top_k=max(top_k or 0, 0),
+        temperature=fields.optional_float("temperature", minimum=0.0),
+        top_p=fields.optional_float("top_p", maximum=1.0, above=0.0),
+        top_k=None if top_k is None else max(top_k, 0),
         seed=fields.int_("seed", None),
         min_tokens=fields.int_("min_tokens", 0, minimum=0) or 0,
         ignore_eos=fields.bool_("ignore_eos", False),

@@ -59,7 +59,8 @@ async def list_models(request: Request) -> Response:
         authenticate(tenants, authorization)
     engine = state.engine
     model = {"id": engine.served_model_name, "object": "model", "created": engine.created,
-             "owned_by": "slicegate", "max_model_len": engine.max_model_len}
+             "owned_by": "slicegate", "max_model_len": engine.max_model_len,
+             "sampling_defaults": engine.sampling_defaults.as_dict()}  # for what requests omit
     return json_response({"object": "list", "data": [model]})
 
 
@@ -68,9 +69,13 @@ async def health(request: Request) -> Response:
     state = state_of(request)
     if state.lifecycle.draining:
         return json_response({"status": "draining"}, status_code=503)
-    if not state.engine.scheduler.stats().healthy:
-        return json_response({"status": "unhealthy", "detail": "an executor died"},
+    stats = state.engine.scheduler.stats()
+    if not stats.healthy:
+        return json_response({"status": "unhealthy", "detail": stats.health_detail},
                              status_code=503)
+    problem = state.batches.problem
+    if problem is not None:
+        return json_response({"status": "unhealthy", "detail": problem}, status_code=503)
     return json_response({"status": "ok"})
 
 
@@ -90,7 +95,9 @@ async def admin_gmg(request: Request) -> Response:
 
 @router.get("/admin/timeline")
 async def admin_timeline(request: Request) -> Response:
-    """Op executions since monotonic time `since` (default: all kept); `now` for the next poll."""
+    """Op executions since monotonic time `since` (default: all kept), each with the tenants
+    of its requests, and the requests finished since then with their TTFT and SLO; `now` is
+    the `since` of the next poll."""
     state = state_of(request)
     authorize_admin(state.config.tenants, request.headers.get("authorization"))
     raw = request.query_params.get("since", "0")
@@ -100,5 +107,11 @@ async def admin_timeline(request: Request) -> Response:
         since = float("nan")
     if not is_number(since):
         raise invalid("since", f"'since' must be a number of seconds, got {clip(raw)}.")
-    events = state.engine.scheduler.timeline(since)
-    return json_response({"now": time.monotonic(), "since": since, "events": events})
+    recent = state.metrics.recent
+    # NOTE: request ids become tenant names here; the ids themselves stay out of the answer,
+    # which the admin page polls twice a second.
+    events = [{**{k: v for k, v in e.items() if k != "requests"},
+               "tenants": sorted({recent.owner(r) or "?" for r in e.get("requests", ())})}
+              for e in state.engine.scheduler.timeline(since)]
+    return json_response({"now": time.monotonic(), "since": since, "events": events,
+                          "requests": recent.finished_since(since)})

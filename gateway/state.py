@@ -1,8 +1,9 @@
-"""The per-app state every route reads: config, engine, quotas, metrics, lifecycle."""
+"""The per-app state every route reads: config, engine, quotas, metrics, lifecycle, batches."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fastapi import Request
 
@@ -11,6 +12,9 @@ from gateway.engine import Engine
 from gateway.lifecycle import Lifecycle
 from gateway.metrics import GatewayMetrics
 from gateway.quotas import Quotas
+
+if TYPE_CHECKING:
+    from gateway.batches.service import BatchService
 
 
 @dataclass(slots=True)
@@ -22,6 +26,7 @@ class AppState:
     quotas: Quotas
     metrics: GatewayMetrics
     lifecycle: Lifecycle
+    batches: BatchService
 
 
 def state_of(request: Request) -> AppState:

@@ -54,6 +54,7 @@ def _bench(args: argparse.Namespace) -> int:
         policies=_names(args.policies), peers=_names(args.peers), model=args.model,
         devices=args.devices, dtype=args.dtype, max_model_len=args.max_model_len,
         batch=args.batch, tail_s=args.tail, slo_ms=args.slo_ms,
+        alone_policy=args.alone_policy, slo_factor=args.slo_factor, recipe=args.recipe,
         serve_args=tuple(args.serve_arg), ready_timeout_s=args.ready_timeout,
         peer_ready_timeout_s=args.peer_ready_timeout, drain_timeout_s=args.drain_timeout,
         request_timeout_s=args.request_timeout, warmup_requests=args.warmup,
@@ -99,7 +100,12 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m loadgen", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m loadgen",
+        description="Drive an OpenAI-compatible server over HTTP: replay tenants' workloads "
+                    "(replay), run slicegate's policies and peer servers side by side (bench), "
+                    "or start a model-free server for dry runs (stub). Recipes: "
+                    "loadgen/README.md.")
     sub = p.add_subparsers(dest="cmd", required=True)
     _replay_parser(sub.add_parser("replay", help="replay tenants' workloads against a server"))
     _bench_parser(sub.add_parser("bench", help="slicegate policies and peers side by side"))
@@ -148,14 +154,23 @@ def _bench_parser(b: argparse.ArgumentParser) -> None:
     b.add_argument("--dtype", default="bfloat16")
     b.add_argument("--max-model-len", type=int, default=2048)
     b.add_argument("--interactive", default=None,
-                   help="interactive tenant SOURCE (default: the Azure code trace, else "
-                        "synthetic-coding, with " + TRACE_SHAPE + ")")
+                   help="interactive tenant SOURCE (default: the Azure code trace from "
+                        "$SLICEGATE_TRACES, see docs/traces.md, with " + TRACE_SHAPE + ")")
+    b.add_argument("--recipe", choices=("default", "strict"), default="default",
+                   help="the interactive trace's shape when --interactive is not given: "
+                        "default (first 300 requests, bursty) or strict (a steadier window "
+                        "at 0.5x, tight SLO), as in `python -m scheduler bench policies`")
     b.add_argument("--batch", default="concurrency=16,prompt=512,gen=64",
                    help="batch tenant SOURCE (default: %(default)s)")
     b.add_argument("--tail", type=float, default=2.0,
                    help="mixed runs send for the interactive trace's span + this many seconds")
     b.add_argument("--slo-ms", type=float, default=None,
-                   help="interactive TTFT SLO (default: measured: p90 TTFT alone under static)")
+                   help="interactive TTFT SLO (default: measured: p90 TTFT alone, see below)")
+    b.add_argument("--alone-policy", default="static",
+                   help="policy of the interactive-alone run that sets the SLO (default: "
+                        "%(default)s; slice: the floor mixed runs are compared with)")
+    b.add_argument("--slo-factor", type=float, default=1.0,
+                   help="SLO = this x the alone run's p90 TTFT (default: %(default)s)")
     b.add_argument("--serve-cmd", default=None,
                    help="command that starts slicegate (default: PYTHON -m gateway serve)")
     b.add_argument("--serve-arg", action="append", default=[],

@@ -1,12 +1,13 @@
 """``python -m loadgen bench``: slicegate's policies and peer servers side by side.
 
-1. The interactive tenant alone under ``static`` (its own share of the
-   devices, the SliceScheduler paper's Static-Online): its p90 TTFT is the
-   interactive SLO (unless ``--slo-ms`` gives one).
+1. The interactive tenant alone under ``--alone-policy`` (default ``static``:
+   its own share of the devices, the SliceScheduler paper's Static-Online; or
+   ``slice``: the floor a mixed run is compared with): its p90 TTFT times
+   ``--slo-factor`` is the interactive SLO (unless ``--slo-ms`` gives one).
 2. For each policy, slicegate is started as a subprocess with a tenants file
    holding that SLO, the same mixed workload (interactive trace + a batch
    tenant) is replayed, and the server is stopped by PID.
-3. Each peer (``../shared/peers/*.sh``, same model folder) gets the same
+3. Each peer (``loadgen/peers/*.sh``, same model folder) gets the same
    workload and is held to the same absolute SLO.
 4. One table side by side, with ratios to ``fcfs``: ``bench.md``,
    ``bench.json``, overlay plots; each run's own report under ``runs/NAME/``.
@@ -32,6 +33,7 @@ from loadgen.benchtable import (
 )
 from loadgen.plots import write_plots
 from loadgen.prompts import PromptBuilder, resolve_model_folder
+from loadgen.public_traces import AZURE_CODE, require_trace
 from loadgen.replay import PromptFn, ReplayConfig, replay
 from loadgen.report import write_report
 from loadgen.servers import (
@@ -47,21 +49,25 @@ from loadgen.servers import (
 from loadgen.traces import TraceRequest
 from loadgen.workload import TenantSpec, parse_source, plan_arrivals
 
-AZURE_CODE = PEERS_DIR.parent / "traces" / "AzureLLMInferenceTrace_code.csv.gz"
-# NOTE: the recipe of `python -m scheduler bench policies` (scheduler/bench_policies.py), so the
-# two benches' tables can be read side by side.
+# NOTE: the recipes of `python -m scheduler bench policies` (scheduler/bench/policies.py), so
+# the two benches' tables can be read side by side: "default", the first 300 requests (bursty);
+# "strict", a steadier window at a lower rate, whose SLO is tight.
 TRACE_SHAPE = ("max_requests=300,rate_scale=0.8,prompt_scale=0.0625,max_prompt_tokens=1024,"
                "max_output_tokens=32")
+RECIPES = {"default": TRACE_SHAPE,
+           "strict": ("window_s=273.4-100000,max_requests=200,rate_scale=0.5,"
+                      "prompt_scale=0.0625,max_prompt_tokens=1024,max_output_tokens=32")}
 INTERACTIVE, BATCH = "interactive", "batch"
 KEYS = {INTERACTIVE: "sk-bench-interactive", BATCH: "sk-bench-batch"}
 ADMIN_KEY = "sk-bench-admin"
-SLO_RUN = "static-alone"
 
 
-def default_interactive() -> str:
-    """The Azure code trace when ../shared/traces has it, else the shipped synthetic one."""
-    trace = str(AZURE_CODE) if AZURE_CODE.is_file() else "synthetic-coding"
-    return f"{trace},{TRACE_SHAPE}"
+def default_interactive(recipe: str = "default") -> str:
+    """The Azure code trace shaped by a recipe; MissingTrace (with what to do) without a copy."""
+    trace = require_trace(AZURE_CODE, "python -m loadgen bench",
+                          instead=f"give the interactive tenant yourself, e.g. --interactive "
+                                  f"synthetic-coding,{TRACE_SHAPE} (the shipped synthetic trace)")
+    return f"{trace},{RECIPES[recipe]}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,10 +81,13 @@ class BenchConfig:
     devices: str | None = None  # slicegate --devices; None: its default
     dtype: str = "bfloat16"  # the peer scripts serve bfloat16
     max_model_len: int = 2048  # the vLLM peer script serves 2048
-    interactive: str = field(default_factory=default_interactive)  # a tenant SOURCE
+    interactive: str | None = None  # a tenant SOURCE; None: default_interactive(recipe)
+    recipe: str = "default"  # the interactive trace's shape when `interactive` is None
     batch: str = "concurrency=16,prompt=512,gen=64"  # a tenant SOURCE
     tail_s: float = 2.0  # mixed runs send batch work until the last interactive arrival + this
-    slo_ms: float | None = None  # None: measured by the static-alone run
+    slo_ms: float | None = None  # None: measured by the alone run
+    alone_policy: str = "static"  # the policy of the alone run that sets the SLO
+    slo_factor: float = 1.0  # SLO = this x the alone run's interactive p90 TTFT
     serve_cmd: tuple[str, ...] = field(default_factory=default_serve_cmd)
     serve_args: tuple[str, ...] = ()  # extra flags for every slicegate run
     peers_dir: Path = PEERS_DIR
@@ -96,6 +105,14 @@ class BenchConfig:
                 raise ValueError(f"unknown peer {peer!r} (known: vllm, transformers)")
         if "fcfs" not in self.policies:
             raise ValueError("the table's ratios are to fcfs: include fcfs in --policies")
+        if self.slo_factor <= 0:
+            raise ValueError("--slo-factor must be > 0")
+        if self.recipe not in RECIPES:
+            raise ValueError(f"unknown recipe {self.recipe!r} (known: {', '.join(RECIPES)})")
+
+    @property
+    def alone_run(self) -> str:
+        return f"{self.alone_policy}-alone"
 
 
 @dataclass(slots=True)
@@ -118,6 +135,9 @@ def run_bench(config: BenchConfig, command: str = "") -> dict[str, Any]:
     ``command`` is recorded as the command line that ran the bench.
     """
     started_at = _now()
+    if config.interactive is None:
+        config = replace(config, interactive=default_interactive(config.recipe))
+    assert config.interactive is not None
     config.out.mkdir(parents=True, exist_ok=True)
     folder = resolve_model_folder(config.model)
     interactive = TenantSpec(INTERACTIVE, KEYS[INTERACTIVE], parse_source(config.interactive),
@@ -126,9 +146,9 @@ def run_bench(config: BenchConfig, command: str = "") -> dict[str, Any]:
     arrivals = plan_arrivals(interactive.source)
     bench = _Bench(config, _cached_prompts(folder), folder, interactive, batch,
                    duration_s=arrivals[-1].arrival_s + config.tail_s)
-    slo_s, slo_source = None, "not measured: interrupted"
+    slo_s, slo_source, alone_p90 = None, "not measured: interrupted", None
     try:
-        slo_s, slo_source = _measure_slo(bench)
+        slo_s, slo_source, alone_p90 = _measure_slo(bench)
         for policy in config.policies:
             _slicegate_run(bench, policy, (interactive, batch), slo_s)
         for peer in config.peers:
@@ -137,7 +157,7 @@ def run_bench(config: BenchConfig, command: str = "") -> dict[str, Any]:
         bench.interrupted = True
     times = {"command": command or f"run_bench({config!r})", "started_at": started_at,
              "finished_at": _now()}
-    return _write(bench, slo_s, slo_source, arrivals, times)
+    return _write(bench, slo_s, slo_source, alone_p90, arrivals, times)
 
 
 def _now() -> str:
@@ -158,14 +178,19 @@ def _cached_prompts(folder: Path) -> PromptFn:
     return prompt
 
 
-def _measure_slo(bench: _Bench) -> tuple[float | None, str]:
-    if bench.config.slo_ms is not None:
-        return bench.config.slo_ms / 1000, "given (--slo-ms)"
-    outcome = _slicegate_run(bench, "static", (bench.interactive,), None, name=SLO_RUN)
+def _measure_slo(bench: _Bench) -> tuple[float | None, str, float | None]:
+    """(SLO, where it came from, the alone run's interactive p90 TTFT)."""
+    config = bench.config
+    if config.slo_ms is not None:
+        return config.slo_ms / 1000, "given (--slo-ms)", None
+    outcome = _slicegate_run(bench, config.alone_policy, (bench.interactive,), None,
+                             name=config.alone_run)
     p90 = outcome.summary.get("hp_ttft_p90_s") if outcome.ok else None
     if p90 is None:
-        return None, f"not measured: {SLO_RUN} failed ({outcome.reason})"
-    return p90, f"p90 TTFT of {INTERACTIVE} alone under static"
+        return None, f"not measured: {config.alone_run} failed ({outcome.reason})", None
+    factor = "" if config.slo_factor == 1 else f"{config.slo_factor:g} x "
+    return (config.slo_factor * p90,
+            f"{factor}p90 TTFT of {INTERACTIVE} alone under {config.alone_policy}", p90)
 
 
 def write_tenants_file(path: Path, slo_s: float | None) -> Path:
@@ -247,7 +272,7 @@ def _record(bench: _Bench, outcome: RunOutcome) -> RunOutcome:
     return outcome
 
 
-def _write(bench: _Bench, slo_s: float | None, slo_source: str,
+def _write(bench: _Bench, slo_s: float | None, slo_source: str, alone_p90: float | None,
            arrivals: list[TraceRequest], times: dict[str, str]) -> dict[str, Any]:
     config = bench.config
     doc = {
@@ -259,6 +284,8 @@ def _write(bench: _Bench, slo_s: float | None, slo_source: str,
         "mixed_duration_s": bench.duration_s,
         "slo_s": slo_s,
         "slo_source": slo_source,
+        "alone_run": config.alone_run,
+        "alone_hp_ttft_p90_s": alone_p90,
         "interrupted": bench.interrupted,
         "runs": {name: o.to_json() for name, o in bench.outcomes.items()},
     }

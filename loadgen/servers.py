@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 
-PEERS_DIR = Path(__file__).resolve().parents[2] / "shared" / "peers"
+PEERS_DIR = Path(__file__).resolve().parent / "peers"  # vllm-cpu.sh, transformers-serve.sh
 _POLL_S = 0.5
 _LOG_TAIL_CHARS = 1500
 
@@ -37,6 +37,7 @@ class ServerSpec:
     ready_timeout_s: float = 600.0
     stop_timeout_s: float = 30.0  # SIGTERM grace (slicegate drains in-flight requests)
     dialect: str = "vllm"  # how requests ask for exact output lengths (loadgen.client)
+    env: tuple[tuple[str, str], ...] = ()  # added to this process's environment
 
     @property
     def url(self) -> str:
@@ -97,7 +98,7 @@ class RunningServer:
         self._log = log_path.open("wb")
         self.process = subprocess.Popen(
             list(spec.command), stdout=self._log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True)
+            stdin=subprocess.DEVNULL, start_new_session=True, env={**os.environ, **dict(spec.env)})
 
     def __enter__(self) -> RunningServer:
         return self

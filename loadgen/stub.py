@@ -181,7 +181,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m loadgen stub [serve flags] [--step-ms MS] [--prefill-us-per-token US]``."""
     import uvicorn
 
-    p = argparse.ArgumentParser(prog="python -m loadgen stub", description=__doc__)
+    # NOTE: the docstring's reST literals read as Markdown ones in --help
+    p = argparse.ArgumentParser(prog="python -m loadgen stub",
+                                description=(__doc__ or "").replace("``", "`"))
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--tenants", type=Path, default=None)

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 import sys
 from collections.abc import Mapping, Sequence
@@ -96,7 +97,14 @@ def format_stats_table(stats: Mapping[str, TraceStats]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m loadgen.tracestats SPEC...``: print a stats table of each trace."""
-    specs = list(sys.argv[1:] if argv is None else argv) or [SYNTHETIC_CODING]
+    parser = argparse.ArgumentParser(
+        prog="python -m loadgen.tracestats",
+        description="Print each trace's request count, duration, rate, burstiness (CoV of the "
+                    "gaps between arrivals) and prompt and output token percentiles.")
+    parser.add_argument("specs", nargs="*", metavar="TRACE",
+                        help=f"a .csv[.gz] (Azure) or .jsonl[.gz] (Mooncake) file, or "
+                             f"{SYNTHETIC_CODING} (the default)")
+    specs = parser.parse_args(argv).specs or [SYNTHETIC_CODING]
     try:
         stats = {spec: trace_stats(load_trace(spec)) for spec in specs}
     except (OSError, ValueError) as exc:

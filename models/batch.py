@@ -161,3 +161,28 @@ def build_batch(seqs: list[SeqSpec], block_size: int, device: torch.device) -> B
         prefills=prefills, decode=decode,
         sample_rows=torch.tensor(sample_rows, dtype=torch.long, device=device),
     )
+
+
+@dataclass(slots=True)
+class BatchSource:
+    """What one device's batch is built from; `get()` builds its tensors once, on first use.
+
+    NOTE: the scheduler makes these on the event loop (plain lists only); the executor
+    that runs the first op of the batch on that device builds the tensors, off the loop.
+    Only that device's worker calls `get()`, so it needs no lock.
+    """
+
+    seqs: list[SeqSpec]
+    block_size: int
+    device: torch.device
+    _batch: Batch | None = None
+
+    @classmethod
+    def of(cls, batch: Batch, block_size: int) -> BatchSource:
+        """A source whose tensors are already built."""
+        return cls(batch.seqs, block_size, batch.input_ids.device, batch)
+
+    def get(self) -> Batch:
+        if self._batch is None:
+            self._batch = build_batch(self.seqs, self.block_size, self.device)
+        return self._batch

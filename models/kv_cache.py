@@ -10,6 +10,8 @@ and write storage through slots and never allocate.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 
@@ -96,3 +98,23 @@ class KVCache:
     def num_bytes(self) -> int:
         tensors = [*self.keys.values(), *self.values.values()]
         return sum(t.numel() * t.element_size() for t in tensors)
+
+    def gather(self, layers: Iterable[int], blocks: list[int], device: torch.device
+               ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """Copies of `blocks` of each layer's keys and values, on `device`.
+
+        layer -> (keys, values), each [Hkv, len(blocks), block_size, d].
+        """
+        idx = torch.tensor(blocks, dtype=torch.long, device=self.keys[self.layers[0]].device)
+        return {layer: (self.keys[layer].index_select(1, idx).to(device),
+                        self.values[layer].index_select(1, idx).to(device))
+                for layer in layers}
+
+    def scatter(self, blocks: list[int], kv: dict[int, tuple[torch.Tensor, torch.Tensor]]
+                ) -> None:
+        """Write `kv` (as `gather` returns it) into `blocks` of each of its layers."""
+        idx = torch.tensor(blocks, dtype=torch.long, device=self.keys[self.layers[0]].device)
+        for layer, (k, v) in kv.items():
+            dst_k, dst_v = self.keys[layer], self.values[layer]
+            dst_k.index_copy_(1, idx, k.to(dst_k.device))  # [Hkv, nb, bs, d] at blocks
+            dst_v.index_copy_(1, idx, v.to(dst_v.device))

@@ -6,11 +6,11 @@ import logging
 import sys
 from collections.abc import Callable
 
-from scheduler import bench_estimators, bench_overhead, bench_policies, bench_simulator
+from scheduler.bench import capacity, estimators, overhead, policies, simulator
 
 BENCHES: dict[str, Callable[[list[str] | None], object]] = {
-    "overhead": bench_overhead.main, "estimators": bench_estimators.main,
-    "simulator": bench_simulator.main, "policies": bench_policies.main}
+    "overhead": overhead.main, "estimators": estimators.main,
+    "simulator": simulator.main, "policies": policies.main, "capacity": capacity.main}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -18,7 +18,10 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     if len(args) < 2 or args[0] != "bench" or args[1] not in BENCHES:
         sys.exit(f"usage: python -m scheduler bench {{{'|'.join(BENCHES)}}} [--json FILE] ...")
-    BENCHES[args[1]](args[2:])
+    try:
+        BENCHES[args[1]](args[2:])
+    except FileNotFoundError as exc:  # a model or a public trace that is not here
+        sys.exit(f"error: {exc}")
 
 
 if __name__ == "__main__":

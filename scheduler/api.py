@@ -8,6 +8,27 @@ from typing import Any, Protocol
 
 from scheduler.ieg import Request, TokenEvent
 
+ROUND_BUCKETS_S = (1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5)
+
+
+@dataclass(slots=True)
+class Histogram:
+    """Cumulative since start: counts per bucket (upper bounds in seconds, then +Inf)."""
+
+    bounds_s: tuple[float, ...] = ROUND_BUCKETS_S
+    counts: list[int] = field(default_factory=lambda: [0] * (len(ROUND_BUCKETS_S) + 1))
+    sum_s: float = 0.0
+    count: int = 0
+
+    def observe(self, seconds: float) -> None:
+        i = next((k for k, b in enumerate(self.bounds_s) if seconds <= b), len(self.bounds_s))
+        self.counts[i] += 1
+        self.sum_s += seconds
+        self.count += 1
+
+    def copy(self) -> Histogram:
+        return Histogram(self.bounds_s, list(self.counts), self.sum_s, self.count)
+
 
 @dataclass(slots=True)
 class SchedulerStats:
@@ -17,11 +38,15 @@ class SchedulerStats:
     num_waiting: dict[tuple[str, str], int] = field(default_factory=dict)  # (tenant, class)
     kv_cache_usage: float = 0.0  # used / total KV blocks over all devices, in [0, 1]
     num_preemptions: dict[tuple[str, str], int] = field(default_factory=dict)  # cumulative
+    kv_swapped_bytes: int = 0  # KV copied to host memory by preemptions, cumulative
+    kv_recomputed_tokens: int = 0  # tokens of KV dropped by preemptions to recompute
     slo_attainment: dict[str, float] = field(default_factory=dict)  # class -> fraction
     device_busy_ratio: dict[str, float] = field(default_factory=dict)  # device -> fraction
-    simulation_seconds: list[float] = field(default_factory=list)  # new samples since last call
+    round_seconds: Histogram = field(default_factory=Histogram)  # decision + apply, per round
     estimator_mape: dict[str, float] = field(default_factory=dict)  # estimator -> fraction
-    healthy: bool = True  # False once an executor died
+    errors_total: int = 0  # exceptions caught in rounds and completion handlers, cumulative
+    healthy: bool = True  # False while rounds keep failing, or once the task or an executor died
+    health_detail: str | None = None  # why it is not healthy
 
 
 class SchedulerAPI(Protocol):

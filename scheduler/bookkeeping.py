@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from executors.types import OpInstance, Priority
+from scheduler.api import Histogram
 
 
 @dataclass(slots=True)
@@ -27,11 +28,15 @@ class Bookkeeping:
     timeline: deque[dict[str, Any]] = field(init=False)
     slo: dict[Priority, ClassCounts] = field(
         default_factory=lambda: defaultdict(ClassCounts))
-    preemptions: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
-    round_s: list[float] = field(default_factory=list)  # round decision times, drained by stats
+    rounds: Histogram = field(default_factory=Histogram)  # round times, cumulative
+    recent_round_s: deque[float] = field(default_factory=lambda: deque(maxlen=10000))
 
     def __post_init__(self) -> None:
         self.timeline = deque(maxlen=self.timeline_size)
+
+    def record_round(self, seconds: float) -> None:
+        self.rounds.observe(seconds)
+        self.recent_round_s.append(seconds)
 
     def record_op(self, op: OpInstance) -> None:
         if op.start is None or op.end is None:
@@ -39,7 +44,7 @@ class Bookkeeping:
         self.timeline.append({"device": op.device, "op": op.name, "role": op.role.value,
                               "class": op.priority.label, "start": op.start, "end": op.end,
                               "num_seqs": op.shape.num_seqs, "num_tokens": op.shape.num_tokens,
-                              "ok": op.error is None})
+                              "requests": op.request_ids, "ok": op.error is None})
 
     def record_ttft(self, priority: Priority, ttft_s: float, slo_s: float | None) -> None:
         if slo_s is None:

@@ -22,7 +22,18 @@ class SchedulerConfig:
     min_lp_chunk_tokens: int = 16
     default_ttft_slo_s: float = 1.0  # sizes low-priority chunks until a request sets one
     timeline_size: int = 20000  # op executions kept for /admin/timeline
+    # NOTE: admission leaves this fraction of each device's KV blocks free, for the running
+    # requests' next tokens (vLLM's watermark); decode steps grow KV block by block.
+    kv_watermark: float = 0.01
+    swap_space_bytes: int = 4 << 30  # host memory for preempted requests' KV (else recompute)
+    kv_cache_bytes: int | None = None  # KV pool per device; None: what the budget leaves
+    # "on-demand": admission reserves a request's tokens so far and decode grows it;
+    # "full": the old rule, prompt + max_tokens reserved at admission (kept to compare)
+    kv_admission: str = "on-demand"
     max_op_attempts: int = 2  # an op that fails is retried once, then its requests fail
+    # NOTE: rounds that raise outside any request's decision are retried with a backoff;
+    # after this many in a row, the requests not in flight end with a server error.
+    max_failed_rounds: int = 3
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.max_batch_tokens < 1 or self.max_decode_seqs < 1:
@@ -31,3 +42,9 @@ class SchedulerConfig:
             raise ValueError("max_model_len must be >= 2")
         if not 0 < self.lp_op_slo_fraction <= 1:
             raise ValueError("lp_op_slo_fraction must be in (0, 1]")
+        if self.kv_admission not in ("on-demand", "full"):
+            raise ValueError("kv_admission must be 'on-demand' or 'full'")
+        if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:
+            raise ValueError("kv_cache_bytes must be > 0")
+        if not 0 <= self.kv_watermark < 1 or self.swap_space_bytes < 0:
+            raise ValueError("kv_watermark must be in [0, 1) and swap_space_bytes >= 0")

@@ -12,9 +12,10 @@ out-of-sample error. Device kind: `cpu` for every `cpu:N`, the GPU's name for
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,13 @@ _OP_SCALE = (1e3, 1e6, 1e2, 1e2, 1e4, 1.0)  # typical magnitudes, for a well-con
 XFER_FEATURES = ("num_bytes", "const")
 _XFER_SCALE = (1e6, 1.0)
 MIN_TIME_S = 1e-7  # floor of every prediction
+# NOTE: a transfer between devices that were never profiled together is priced as bytes
+# over a bandwidth (a measured host copy bandwidth divided by this margin, else the default)
+# plus a fixed cost, until the pair is profiled in the background.
+FALLBACK_MARGIN = 4.0
+FALLBACK_BANDWIDTH_BYTES_S = 1e9
+FALLBACK_XFER_CONST_S = 1e-4
+logger = logging.getLogger(__name__)
 _GROUP = re.compile(r"layers\[(\d+):(\d+)\]")
 FORMAT_VERSION = 1
 
@@ -143,6 +151,15 @@ class LinearEstimator:
     def mape(self) -> float | None:
         return sum(self.errors) / len(self.errors) if self.errors else None
 
+    @classmethod
+    def fixed(cls, name: str, mask: Sequence[bool], scale: Sequence[float],
+              coef: Sequence[float]) -> LinearEstimator:
+        """An estimator with given coefficients (raw feature units); used for fallbacks."""
+        e = cls(name, mask, scale)
+        e.theta = np.array([coef[i] * scale[i] for i in e._cols])
+        e._publish()
+        return e
+
     def clone(self, name: str, factor: float = 1.0) -> LinearEstimator:
         """A copy under another name, coefficients times `factor`, with no error history."""
         c = LinearEstimator(name, self.mask, self.scale, self.forget, self.errors.maxlen or 500,
@@ -185,6 +202,13 @@ class Estimators:
         self._kinds = dict(kinds or {})  # device name -> kind (overrides, and a cache)
         self._op_cache: dict[tuple[str, str], LinearEstimator] = {}  # (device, op name)
         self._xfer_cache: dict[tuple[str, str], LinearEstimator] = {}  # (src, dst) devices
+        self.copy_bandwidth_bytes_s: float | None = None  # measured at profiling, if it was
+        # op name -> coefficients over OP_FEATURES for a kind never profiled (the factory
+        # derives them from the template's FLOPs and bytes)
+        self.fallback_op: Callable[[str], tuple[float, ...]] | None = None
+        self.missing_ops: set[tuple[str, str]] = set()  # (kind, op name) priced by fallback
+        self.missing_pairs: set[tuple[str, str]] = set()  # (src, dst) priced by fallback
+        self._to_profile: list[tuple[str, str]] = []  # pairs not yet handed out to profile
 
     # -- the simulator's hot path --------------------------------------------------------
     def op_time(self, device: Device | str, op_name: str, shape: BatchShape) -> float:
@@ -234,17 +258,21 @@ class Estimators:
     def observe_op(self, device: Device | str, op_name: str, shape: BatchShape,
                    seconds: float) -> float:
         name = device if isinstance(device, str) else device.name
+        kind = self.kind_of(name)
         try:
             est = self._op_cache.get((name, op_name)) or self._resolve_op(name, op_name)
-        except KeyError:  # never profiled: learn from scratch
-            est = self._new_op(self.kind_of(name), op_name)
+        except KeyError:  # never profiled, no fallback: learn from scratch
+            est = self._new_op(kind, op_name)
+        if (kind, op_name) not in self.ops:  # a fallback: learn from it onwards
+            est = self.ops[(kind, op_name)] = est.clone(f"{kind}/{op_name}")
+            self._op_cache.clear()
         return est.observe(op_features(shape), seconds, learn=not self.frozen)
 
     def observe_transfer(self, src: str, dst: str, num_bytes: int, seconds: float) -> float:
         key = (src, dst)
         est = self.transfers.get(key)
-        if est is None:  # the first timing of this exact pair: start from its kind pair
-            base = self._resolve_xfer(src, dst, create=True)
+        if est is None:  # the first timing of this exact pair: from its kind pair or fallback
+            base = self._resolve_xfer(src, dst)
             est = self.transfers[key] = base.clone(_xfer_name(*key))
             self._xfer_cache.pop(key, None)
         return est.observe((num_bytes, 1.0), seconds, learn=not self.frozen)
@@ -299,7 +327,8 @@ class Estimators:
 
     def _resolve_op(self, device: str, op_name: str) -> LinearEstimator:
         """The estimator of (kind, op); an unseen layer group starts as a copy of a seen
-        one, scaled by its number of layers (all groups of one size cost the same)."""
+        one, scaled by its number of layers (all groups of one size cost the same). A kind
+        never profiled gets the fallback cost model (see `fallback_op`)."""
         kind = self.kind_of(device)
         est = self.ops.get((kind, op_name))
         if est is not None:
@@ -308,28 +337,50 @@ class Estimators:
         seen = [(group_size(n), e) for (k, n), e in self.ops.items()
                 if k == kind and group_size(n) is not None]
         if size is None or not seen:
-            raise KeyError(f"no estimator for {op_name!r} on {kind} ({device}): "
-                           f"profile this device kind first")
+            return self._fallback_op(kind, device, op_name)
         base_size, base = min(seen, key=lambda s: (abs((s[0] or 0) - size), s[1].name))
         est = self.ops[(kind, op_name)] = base.clone(f"{kind}/{op_name}", size / (base_size or 1))
         return est
 
-    def _resolve_xfer(self, src: str, dst: str, create: bool = False) -> LinearEstimator:
+    def _fallback_op(self, kind: str, device: str, op_name: str) -> LinearEstimator:
+        if self.fallback_op is None:
+            raise KeyError(f"no estimator for {op_name!r} on {kind} ({device}) and no "
+                           f"fallback cost model: profile this device kind first")
+        if (kind, op_name) not in self.missing_ops:
+            logger.warning("no estimator for %s on %s: using the FLOP/byte fallback", op_name,
+                           kind)
+            self.missing_ops.add((kind, op_name))
+        return LinearEstimator.fixed(f"{kind}/{op_name} (fallback)", op_mask(op_name),
+                                     _OP_SCALE, self.fallback_op(op_name))
+
+    def _fallback_xfer(self, src: str, dst: str) -> LinearEstimator:
+        bandwidth = (self.copy_bandwidth_bytes_s / FALLBACK_MARGIN
+                     if self.copy_bandwidth_bytes_s else FALLBACK_BANDWIDTH_BYTES_S)
+        if (src, dst) not in self.missing_pairs:
+            logger.warning("no transfer estimator for %s->%s: %.2f GB/s + %.0f us until it is "
+                           "profiled", src, dst, bandwidth / 1e9, FALLBACK_XFER_CONST_S * 1e6)
+            self.missing_pairs.add((src, dst))
+            self._to_profile.append((src, dst))
+        return LinearEstimator.fixed(_xfer_name(src, dst) + " (fallback)", (True, True),
+                                     _XFER_SCALE, (1 / bandwidth, FALLBACK_XFER_CONST_S))
+
+    def take_pairs_to_profile(self) -> list[tuple[str, str]]:
+        """Device pairs that fell back since the last call (each is handed out once)."""
+        pairs, self._to_profile = self._to_profile, []
+        return pairs
+
+    def _resolve_xfer(self, src: str, dst: str) -> LinearEstimator:
         for key in ((src, dst), (self.kind_of(src), self.kind_of(dst))):
             if key in self.transfers:
                 return self.transfers[key]
-        if not create:
-            raise KeyError(f"no transfer estimator for {src}->{dst}: profile it first")
-        key = (self.kind_of(src), self.kind_of(dst))
-        est = self.transfers[key] = LinearEstimator(_xfer_name(*key), (True, True), _XFER_SCALE,
-                                                    self.forget, self.window)
-        return est
+        return self._fallback_xfer(src, dst)
 
     # -- persistence ---------------------------------------------------------------------
     def to_json(self) -> str:
         return json.dumps({
             "version": FORMAT_VERSION, "op_features": OP_FEATURES, "meta": self.meta,
             "forget": self.forget, "window": self.window,
+            "copy_bandwidth_bytes_s": self.copy_bandwidth_bytes_s,
             "ops": [{"kind": k, "op": n, **e.to_dict()} for (k, n), e in self.ops.items()],
             "transfers": [{"src": s, "dst": d, **e.to_dict()}
                           for (s, d), e in self.transfers.items()],
@@ -342,6 +393,7 @@ class Estimators:
             raise ValueError("estimators saved in another format; profile again")
         est = cls(kinds, d["forget"], d["window"])
         est.meta = d["meta"]
+        est.copy_bandwidth_bytes_s = d.get("copy_bandwidth_bytes_s")
         for o in d["ops"]:
             est.ops[(o["kind"], o["op"])] = LinearEstimator.from_dict(o)
         for t in d["transfers"]:

@@ -24,13 +24,17 @@ class ExecutorLike(Protocol):
     alive: bool
 
     def enqueue(self, op: OpInstance) -> None: ...
+    def enqueue_many(self, ops: list[OpInstance]) -> None: ...
     def cancel(self, ops: set[OpInstance]) -> list[OpInstance]: ...
     def notify(self) -> None: ...
     def start(self) -> None: ...
     def stop(self) -> None: ...
 
 
-ExecutorFactory = Callable[[Device, RunOp, OnDone, asyncio.AbstractEventLoop], ExecutorLike]
+# NOTE: the loop argument is None: executors call `on_done` on their worker thread, and the
+# scheduler hands completions to its event loop itself (see Scheduler._on_done_thread).
+ExecutorFactory = Callable[[Device, RunOp, OnDone, asyncio.AbstractEventLoop | None],
+                           ExecutorLike]
 
 
 def activation_reserve(model: Model, cfg: SchedulerConfig) -> int:
@@ -56,7 +60,8 @@ def kv_pools(model: Model, devices: list[Device], ledgers: dict[str, MemoryLedge
         ledger = ledgers[d.name]
         # NOTE: virtual CPU devices share one copy of the weights but each counts it, as GPUs do
         ledger.reserve("weights", model.template.weight_bytes)
-        num_blocks = (ledger.free_bytes - reserve) // per_block
+        room = ledger.free_bytes - reserve
+        num_blocks = min(room, cfg.kv_cache_bytes or room) // per_block
         if num_blocks < 1:
             raise ValueError(f"{d.name}: {d.memory_bytes / 2**30:.2f} GiB leaves no room for KV "
                              f"after {model.template.weight_bytes / 2**30:.2f} GiB of weights and "
@@ -70,7 +75,7 @@ def kv_pools(model: Model, devices: list[Device], ledgers: dict[str, MemoryLedge
 def default_factory(cpu_threads: int) -> ExecutorFactory:
     """Thread executors; CPU devices split the cores between them."""
     def make(device: Device, run_op: RunOp, on_done: OnDone,
-             loop: asyncio.AbstractEventLoop) -> ExecutorLike:
+             loop: asyncio.AbstractEventLoop | None) -> ExecutorLike:
         if device.kind == "cuda":
             return CudaExecutor(device, run_op, on_done, loop)
         return Executor(device, run_op, on_done, loop, intra_op_threads=cpu_threads)
@@ -89,9 +94,9 @@ class Execution:
         self._factory = factory or default_factory(max(1, (os.cpu_count() or 1) // max(1, cpu)))
         self.executors: dict[str, ExecutorLike] = {}
 
-    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+    def start(self) -> None:
         for name, dev in self.devices.items():
-            self.executors[name] = self._factory(dev, self.runner, self._on_done, loop)
+            self.executors[name] = self._factory(dev, self.runner, self._on_done, None)
         real = [e for e in self.executors.values() if isinstance(e, Executor)]
         link(real)
         for e in self.executors.values():
@@ -102,8 +107,11 @@ class Execution:
             e.stop()
 
     def enqueue(self, ops: list[OpInstance]) -> None:
+        by_dev: dict[str, list[OpInstance]] = {}
         for op in ops:
-            self.executors[op.device].enqueue(op)
+            by_dev.setdefault(op.device, []).append(op)
+        for dev, group in by_dev.items():
+            self.executors[dev].enqueue_many(group)
 
     def retry(self, op: OpInstance) -> None:
         op.state, op.error, op.output, op.start, op.end, op.ready_at = (
@@ -129,6 +137,10 @@ class Execution:
 
     def busy_s(self, device: str) -> float:
         return self.executors[device].busy_s if device in self.executors else 0.0
+
+    def alive(self, device: str) -> bool:
+        ex = self.executors.get(device)
+        return ex is not None and ex.alive
 
     @property
     def healthy(self) -> bool:

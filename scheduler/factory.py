@@ -9,9 +9,10 @@ import torch
 from executors.types import Device
 from models.loader import Model
 from scheduler.config import SchedulerConfig
-from scheduler.estimators import Estimators
+from scheduler.estimators import FALLBACK_BANDWIDTH_BYTES_S, FALLBACK_MARGIN, Estimators
 from scheduler.execution import ExecutorFactory
-from scheduler.profiling import load_or_profile
+from scheduler.profiling import fallback_coefficients, load_or_profile
+from scheduler.reprofile import PairProfiler
 from scheduler.scheduler import Scheduler
 
 _DEVICE = re.compile(r"^(cuda|cpu):\d+$")
@@ -49,5 +50,9 @@ def build_scheduler(model: Model, devices: list[Device], cfg: SchedulerConfig,
                     executor_factory: ExecutorFactory | None = None) -> Scheduler:
     """Profile (or load cached) estimators, then make the scheduler; refits stay online."""
     est = estimators or load_or_profile(model, devices)
-    return Scheduler(model, devices, cfg.policy, est.op_time, est.transfer_time, cfg,
-                     executor_factory=executor_factory, estimator=est)
+    bandwidth = est.copy_bandwidth_bytes_s or FALLBACK_BANDWIDTH_BYTES_S
+    est.fallback_op = fallback_coefficients(model.template, bandwidth / FALLBACK_MARGIN)
+    sched = Scheduler(model, devices, cfg.policy, est.op_time, est.transfer_time, cfg,
+                      executor_factory=executor_factory, estimator=est)
+    sched.profiler = PairProfiler(model, est)
+    return sched

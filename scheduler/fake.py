@@ -144,6 +144,7 @@ class FakeScheduler:
             slo_attainment=self._slo_attainment(),
             device_busy_ratio={self.config.device: min(self._busy_s / elapsed, 1.0)},
             healthy=self.healthy,
+            health_detail=None if self.healthy else "the fake scheduler was marked unhealthy",
         )
 
     def snapshot(self) -> dict[str, Any]:
@@ -252,6 +253,7 @@ class FakeScheduler:
         best = min(s.request.priority for s in batch)
         self._timeline.append({"device": self.config.device, "op": "decode",
                                "class": best.label, "num_requests": len(batch),
+                               "requests": tuple(s.request.request_id for s in batch),
                                "start": start, "end": end})
 
     def _emit(self, slot: _Slot) -> None:

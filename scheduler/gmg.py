@@ -8,16 +8,19 @@ never sees later mutation.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from executors.memory import MemoryLedger
 from executors.types import Device, OpInstance, OpState, Priority
 from scheduler.kv import KVManager
 
 
-@dataclass(frozen=True, slots=True)
-class SimOp:
-    """An op instance as the simulator sees it. Times are monotonic seconds."""
+class SimOp(NamedTuple):
+    """An op instance as the simulator sees it. Times are monotonic seconds.
+
+    NOTE: a named tuple, not a dataclass: every round builds one per op in flight and per
+    candidate op, and a tuple is several times cheaper to make.
+    """
 
     op_id: int
     name: str
@@ -78,8 +81,22 @@ class GMG:
             self.unscheduled.pop(op.op_id, None)
             self.first_token_of.pop(op.op_id, None)
 
+    def loads(self) -> dict[str, float]:
+        """Device -> estimated seconds of work issued there and not done."""
+        out = dict.fromkeys(self.devices, 0.0)
+        for op in self.scheduled.values():
+            if op.state is not OpState.DONE:
+                out[op.device] = out.get(op.device, 0.0) + op.est_s
+        return out
+
     def snapshot(self, now: float) -> Snapshot:
-        ops = tuple(self._sim_op(op, now) for op in self.scheduled.values())
+        """The ops not done yet, as simulator records.
+
+        NOTE: an op the executor finished is skipped even before the scheduler has handled
+        its completion (completions of ops that end no chunk are handled in batches).
+        """
+        ops = tuple(self._sim_op(op, now) for op in self.scheduled.values()
+                    if op.state is not OpState.DONE)
         devs = tuple(DeviceView(d, self.ledgers[d].capacity_bytes, self.ledgers[d].used_bytes)
                      for d in self.devices)
         return Snapshot(now, ops, devs, tuple(self.deadlines.items()))

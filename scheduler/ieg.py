@@ -40,7 +40,10 @@ _FINISHED = {NodeState.COMPLETED, NodeState.FAILED, NodeState.ABORTED}
 
 _TRANSITIONS: dict[NodeState, set[NodeState]] = {
     NodeState.INIT: {NodeState.READY, NodeState.ABORTED, NodeState.FAILED},
-    NodeState.READY: {NodeState.SCHEDULED, NodeState.ABORTED, NodeState.FAILED},
+    NodeState.READY: {
+        NodeState.SCHEDULED, NodeState.BLOCKED, NodeState.PREEMPTED, NodeState.ABORTED,
+        NodeState.FAILED,
+    },
     NodeState.SCHEDULED: {
         NodeState.RUNNING, NodeState.PREEMPTED, NodeState.ABORTED, NodeState.FAILED
     },
@@ -48,7 +51,7 @@ _TRANSITIONS: dict[NodeState, set[NodeState]] = {
         NodeState.BLOCKED, NodeState.COMPLETED, NodeState.PREEMPTED,
         NodeState.ABORTED, NodeState.FAILED,
     },
-    NodeState.BLOCKED: {NodeState.RUNNING, NodeState.ABORTED, NodeState.FAILED},
+    NodeState.BLOCKED: {NodeState.READY, NodeState.RUNNING, NodeState.ABORTED, NodeState.FAILED},
     NodeState.PREEMPTED: {NodeState.READY, NodeState.ABORTED, NodeState.FAILED},
     NodeState.COMPLETED: set(),
     NodeState.FAILED: set(),

@@ -1,33 +1,63 @@
-"""KV admission and affinity: which blocks of which device pool each request holds.
+"""KV admission, growth, host swap and migration: which blocks of which device each request holds.
 
 Every device has one pool (`models.kv_cache.KVCache` over all layers). A
-request reserves, on each device that runs any of its layer groups, the
-blocks for prompt + max_tokens before its prefill is issued, so a running
-request never runs out of KV. Blocks are freed when it finishes or aborts.
+request reserves blocks on every device of its placement for the tokens it
+has (its prompt at admission), and grows them block by block as tokens come
+(`can_grow` / `grow`). A layer's KV lives on the device that runs the layer
+group holding it (`layer_devices`). A preempted request's KV may move to host
+memory within a byte budget (`swap_out`) and back into new blocks on resume
+(`swap_in`); a request placed over several devices may gather its KV onto one
+(`migrate`). Blocks are freed when a request finishes, aborts or is preempted.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from models.kv_cache import KVCache, blocks_for
+from models.template import GraphTemplate, OpKind
+
+LayerKV = dict[int, tuple[torch.Tensor, torch.Tensor]]  # layer -> (keys, values) of some blocks
+
+
+def layer_devices(template: GraphTemplate, placement: tuple[str, ...]) -> dict[int, str]:
+    """Decoder layer -> the device of the placement that runs it (where its KV lives)."""
+    return {layer: placement[t.index] for t in template.ops if t.kind is OpKind.LAYERS
+            for layer in t.layers}
 
 
 @dataclass(slots=True)
 class Reservation:
     """One request's KV: a block table per device (its layer groups' affinity)."""
 
-    num_tokens: int  # capacity reserved, in tokens
     tables: dict[str, list[int]] = field(default_factory=dict)  # device -> block ids
+
+    def num_blocks(self, device: str) -> int:
+        return len(self.tables.get(device, ()))
+
+
+@dataclass(slots=True)
+class Swapped:
+    """A preempted request's KV in host memory: its first `num_tokens` tokens, every layer."""
+
+    num_tokens: int
+    kv: LayerKV  # layer -> (keys, values), each [Hkv, blocks, block_size, d] on the host
+    num_bytes: int
 
 
 class KVManager:
-    """Per-device pools plus per-request reservations. Pure checks beside commits."""
+    """Per-device pools, per-request reservations, a host swap space. Pure checks beside
+    committing actions."""
 
-    def __init__(self, pools: dict[str, KVCache]) -> None:
+    def __init__(self, pools: dict[str, KVCache], host_swap_bytes: int = 0) -> None:
         self.pools = pools
         self.reservations: dict[str, Reservation] = {}
+        self.swapped: dict[str, Swapped] = {}
+        self.host_swap_bytes = host_swap_bytes  # budget of host memory for swapped KV
 
+    # -- blocks ------------------------------------------------------------------------------
     def blocks_needed(self, device: str, num_tokens: int) -> int:
         return blocks_for(num_tokens, self.pools[device].block_size)
 
@@ -47,23 +77,108 @@ class KVManager:
             raise ValueError(f"{request_id} already holds KV")
         if not self.can_reserve(devices, num_tokens):
             raise MemoryError(f"{request_id}: not enough free KV blocks")
-        r = Reservation(num_tokens)
+        r = Reservation()
         for d in sorted(devices):
             r.tables[d] = self.pools[d].allocator.allocate(self.blocks_needed(d, num_tokens))
         self.reservations[request_id] = r
         return r
 
+    def to_grow(self, request_id: str, num_tokens: int) -> dict[str, int]:
+        """Device -> blocks the request's tables lack to hold `num_tokens` tokens."""
+        r = self.reservations[request_id]
+        return {d: n for d, t in r.tables.items()
+                if (n := self.blocks_needed(d, num_tokens) - len(t)) > 0}
+
+    def can_grow(self, request_id: str, num_tokens: int) -> bool:
+        return all(self.can_allocate(d, n) for d, n in self.to_grow(request_id, num_tokens).items())
+
+    def grow(self, request_id: str, num_tokens: int) -> None:
+        """Append blocks so that the request holds `num_tokens` tokens on every device."""
+        if not self.can_grow(request_id, num_tokens):
+            raise MemoryError(f"{request_id}: not enough free KV blocks to grow")
+        r = self.reservations[request_id]
+        for d, n in self.to_grow(request_id, num_tokens).items():
+            r.tables[d].extend(self.pools[d].allocator.allocate(n))
+
     def free(self, request_id: str) -> None:
+        """Return the request's device blocks and drop any swapped copy."""
+        self.swapped.pop(request_id, None)
         r = self.reservations.pop(request_id, None)
         if r is None:
             return
         for d, table in r.tables.items():
             self.pools[d].allocator.free(table)
 
+    # -- host swap ---------------------------------------------------------------------------
+    def swap_bytes(self, num_tokens: int) -> int:
+        """Host bytes holding `num_tokens` tokens of KV (whole blocks, every layer)."""
+        pool = next(iter(self.pools.values()))
+        per_block = pool.num_bytes // pool.allocator.num_blocks
+        return blocks_for(num_tokens, pool.block_size) * per_block
+
+    @property
+    def host_free_bytes(self) -> int:
+        return self.host_swap_bytes - sum(s.num_bytes for s in self.swapped.values())
+
+    def can_swap_out(self, num_tokens: int) -> bool:
+        return num_tokens > 0 and self.swap_bytes(num_tokens) <= self.host_free_bytes
+
+    def swap_out(self, request_id: str, num_tokens: int, layers: dict[int, str]) -> None:
+        """Copy the request's first `num_tokens` tokens of KV to host memory (each layer from
+        the device in `layers`), then free its device blocks."""
+        if not self.can_swap_out(num_tokens):
+            raise MemoryError(f"{request_id}: no host swap space for {num_tokens} tokens")
+        kv = self._gather(request_id, num_tokens, layers, torch.device("cpu"))
+        self.free(request_id)
+        self.swapped[request_id] = Swapped(num_tokens, kv, self.swap_bytes(num_tokens))
+
+    def swap_in(self, request_id: str, devices: set[str], num_tokens: int,
+                layers: dict[int, str]) -> Reservation:
+        """Reserve blocks for `num_tokens` tokens on `devices` and copy the swapped KV back
+        (each layer to the device in `layers`); the host copy is dropped."""
+        swapped = self.swapped[request_id]
+        r = self.reserve(request_id, devices, num_tokens)
+        self._scatter(r, swapped.num_tokens, swapped.kv, layers)
+        del self.swapped[request_id]
+        return r
+
+    # -- migration ---------------------------------------------------------------------------
+    def migrate(self, request_id: str, num_tokens: int, layers: dict[int, str],
+                target: str) -> None:
+        """Gather the request's KV onto `target` (whose table already covers every layer's
+        tokens: each device's pool has all layers) and free its blocks elsewhere."""
+        r = self.reservations[request_id]
+        away = {layer: d for layer, d in layers.items() if d != target}
+        need = self.blocks_needed(target, num_tokens) - r.num_blocks(target)
+        if need > 0:
+            r.tables[target].extend(self.pools[target].allocator.allocate(need))
+        device = self.pools[target].keys[next(iter(layers))].device
+        kv = self._gather(request_id, num_tokens, away, device)
+        self._scatter(r, num_tokens, kv, dict.fromkeys(kv, target))
+        for d in [d for d in r.tables if d != target]:
+            self.pools[d].allocator.free(r.tables.pop(d))
+
+    def _gather(self, request_id: str, num_tokens: int, layers: dict[int, str],
+                device: torch.device) -> LayerKV:
+        r = self.reservations[request_id]
+        out: LayerKV = {}
+        for d in set(layers.values()):
+            blocks = r.tables[d][:self.blocks_needed(d, num_tokens)]
+            mine = [layer for layer, dev in layers.items() if dev == d]
+            out.update(self.pools[d].gather(mine, blocks, device))
+        return out
+
+    def _scatter(self, r: Reservation, num_tokens: int, kv: LayerKV,
+                 layers: dict[int, str]) -> None:
+        for d in set(layers.values()):
+            blocks = r.tables[d][:self.blocks_needed(d, num_tokens)]
+            self.pools[d].scatter(blocks, {layer: kv[layer] for layer, dev in layers.items()
+                                           if dev == d and layer in kv})
+
+    # -- totals ------------------------------------------------------------------------------
     def usage(self) -> float:
         total = sum(p.allocator.num_blocks for p in self.pools.values())
         return sum(p.allocator.num_used for p in self.pools.values()) / max(1, total)
-
 
     def used_blocks(self) -> int:
         return sum(p.allocator.num_used for p in self.pools.values())

@@ -5,6 +5,10 @@ placement; consecutive chunks of a chunked pipeline overlap on a layer
 split (chunk k+1's early groups run while chunk k's later groups run
 elsewhere). Cross-device edges become a RECV on the destination and a SEND
 on the source.
+
+A policy builds a plan's op instances once, with shapes and estimates but no
+tensors; the scheduler issues those same ops, and each device's batch
+tensors are built from `BatchSource`s by the executor that runs them.
 """
 
 from __future__ import annotations
@@ -13,26 +17,37 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import torch
-
 from executors.types import OpInstance, OpRole, Priority
-from models.batch import BatchShape, SeqSpec, build_batch, shape_of
+from models.batch import BatchShape
 from models.template import GraphTemplate, OpKind
 from scheduler.gmg import SimOp
+from scheduler.requestview import Placement, RequestView
 from scheduler.simulator import Candidate
-from scheduler.state import Placement, RequestState
 
 OpTime = Callable[[str, str, BatchShape], float]  # (device, op name, shape) -> seconds
 XferTime = Callable[[str, str, int], float]  # (src, dst, bytes) -> seconds
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Feed:
-    """One request's tokens in one chunk, fed after `past` tokens of its KV."""
+    """One request's tokens in one chunk: `num_tokens` tokens after `past` tokens of its KV."""
 
-    state: RequestState
-    tokens: list[int]
+    req: RequestView
     past: int
+    num_tokens: int
+
+    @property
+    def rid(self) -> str:
+        return self.req.rid
+
+    @property
+    def samples(self) -> bool:
+        """The chunk reaches the request's last known token, so the head samples its next."""
+        return self.past + self.num_tokens >= self.req.num_tokens
+
+    @property
+    def first_token(self) -> bool:
+        return self.samples and self.req.num_output == 0
 
 
 @dataclass(slots=True)
@@ -40,24 +55,36 @@ class Plan:
     priority: Priority
     placement: Placement
     chunks: list[list[Feed]]
-    ops: list[OpInstance] = field(default_factory=list)
+    ops: list[OpInstance] = field(default_factory=list)  # every op, in build order
+    chunk_ops: list[list[OpInstance]] = field(default_factory=list)  # compute ops per chunk
     finals: list[OpInstance] = field(default_factory=list)  # last op of each chunk
+    first_tokens: dict[int, tuple[str, ...]] = field(default_factory=dict)  # op id -> requests
+    # whose first token that op (a chunk's head) samples
+    predicted_first_token_s: float | None = None  # the policy's prediction, when it simulated
+    candidate: Candidate | None = field(default=None, repr=False)  # its simulator records
     cancelled: bool = False  # its only request was aborted; queued ops were withdrawn
 
     @property
-    def states(self) -> list[RequestState]:
-        seen: dict[str, RequestState] = {}
-        for chunk in self.chunks:
-            for f in chunk:
-                seen.setdefault(f.state.rid, f.state)
-        return list(seen.values())
+    def rids(self) -> tuple[str, ...]:
+        """Its requests, each once, in feed order."""
+        return tuple(dict.fromkeys(f.rid for chunk in self.chunks for f in chunk))
 
     @property
-    def devices(self) -> set[str]:
-        return set(self.placement)
+    def is_prefill(self) -> bool:
+        return any(f.num_tokens > 1 for c in self.chunks for f in c)
 
     def num_tokens(self) -> int:
-        return sum(len(f.tokens) for c in self.chunks for f in c)
+        return sum(f.num_tokens for c in self.chunks for f in c)
+
+
+def shape_of_chunk(chunk: list[Feed]) -> BatchShape:
+    return BatchShape(
+        num_tokens=sum(f.num_tokens for f in chunk),
+        num_seqs=len(chunk),
+        num_sampled=sum(f.samples for f in chunk),
+        attn_work=sum(f.num_tokens * (f.past + f.num_tokens) for f in chunk),
+        num_context_tokens=sum(f.past + f.num_tokens for f in chunk),
+    )
 
 
 @dataclass(slots=True)
@@ -69,16 +96,6 @@ class Builder:
     op_time: OpTime
     xfer_time: XferTime
     ids: itertools.count = field(default_factory=itertools.count)
-
-    def _seqs(self, chunk: list[Feed], device: str) -> list[SeqSpec]:
-        out = []
-        for f in chunk:
-            table = f.state.tables.get(device, [])
-            sample = f.past + len(f.tokens) >= f.state.num_tokens
-            out.append(SeqSpec(f.state.rid, f.tokens, f.past, table, sample=sample,
-                               sampling=f.state.req.sampling,
-                               num_generated=len(f.state.output_ids)))
-        return out
 
     def _op(self, plan: Plan, role: OpRole, index: int, name: str, device: str,
             shape: BatchShape, rids: tuple[str, ...]) -> OpInstance:
@@ -97,21 +114,23 @@ class Builder:
         recv.mem_bytes = nbytes
         return recv, send
 
-    def build(self, plan: Plan, tensors: bool) -> Plan:
-        """Fill `plan.ops` / `plan.finals`; with `tensors`, build each device's Batch too."""
-        plan.ops, plan.finals = [], []
+    def build(self, plan: Plan) -> Plan:
+        """Fill `plan.ops`, `plan.chunk_ops` and `plan.finals` (new op ids)."""
+        plan.ops, plan.chunk_ops, plan.finals, plan.candidate = [], [], [], None
         prev_chunk: dict[int, OpInstance] = {}
         for chunk in plan.chunks:
-            prev_chunk = self._chunk(plan, chunk, prev_chunk, tensors)
+            prev_chunk = self._chunk(plan, chunk, prev_chunk)
+        plan.first_tokens = {}
+        for chunk, final in zip(plan.chunks, plan.finals, strict=True):
+            rids = tuple(f.rid for f in chunk if f.first_token)
+            if rids:
+                plan.first_tokens[final.op_id] = rids
         return plan
 
-    def _chunk(self, plan: Plan, chunk: list[Feed], prev_chunk: dict[int, OpInstance],
-               tensors: bool) -> dict[int, OpInstance]:
-        rids = tuple(f.state.rid for f in chunk)
-        seqs0 = self._seqs(chunk, plan.placement[0])
-        shape = shape_of(seqs0)
-        batches = {d: build_batch(self._seqs(chunk, d), self.block_size, _torch_dev(d))
-                   for d in set(plan.placement)} if tensors else {}
+    def _chunk(self, plan: Plan, chunk: list[Feed], prev_chunk: dict[int, OpInstance]
+               ) -> dict[int, OpInstance]:
+        rids = tuple(f.rid for f in chunk)
+        shape = shape_of_chunk(chunk)
         mine: dict[int, OpInstance] = {}
         prev: OpInstance | None = None
         for t in self.template.ops:
@@ -127,34 +146,24 @@ class Builder:
                 op.input, deps = prev, [prev]
             if t.kind is OpKind.LAYERS and t.index in prev_chunk:
                 deps.append(prev_chunk[t.index])  # this chunk's attention reads that KV
-            op.deps, op.batch = tuple(deps), batches.get(dev)
+            op.deps = tuple(deps)
             op.est_s = self.op_time(dev, t.name, shape)
             op.mem_bytes = t.activation_bytes(shape)
             mine[t.index] = prev = op
         assert prev is not None
+        plan.chunk_ops.append(list(mine.values()))
         plan.finals.append(prev)
         return mine
 
 
-def _torch_dev(name: str) -> torch.device:
-    return torch.device("cpu") if name.startswith("cpu") else torch.device(name)
+def sim_ops(plan: Plan, issued_at: float) -> tuple[SimOp, ...]:
+    """The plan's ops as simulator records, issued at `issued_at`."""
+    firsts = plan.first_tokens
+    return tuple(SimOp(op.op_id, op.name, op.device, op.priority,
+                       tuple(d.op_id for d in op.deps), op.est_s, issued_at, None, op.mem_bytes,
+                       firsts.get(op.op_id, ()), issued_at) for op in plan.ops)
 
 
-def to_candidate(plan: Plan, kv_bytes: dict[str, int]) -> Candidate:
-    """The plan's ops as simulator records (issued now, nothing done yet)."""
-    firsts = first_token_ops(plan)
-    ops = tuple(SimOp(op.op_id, op.name, op.device, op.priority,
-                      tuple(d.op_id for d in op.deps), op.est_s, 0.0, None, op.mem_bytes,
-                      firsts.get(op.op_id, ())) for op in plan.ops)
-    return Candidate(ops, kv_bytes)
-
-
-def first_token_ops(plan: Plan) -> dict[int, tuple[str, ...]]:
-    """op id -> requests whose first token that op (a chunk's head) produces."""
-    out: dict[int, tuple[str, ...]] = {}
-    for chunk, final in zip(plan.chunks, plan.finals, strict=True):
-        rids = tuple(f.state.rid for f in chunk
-                     if not f.state.output_ids and f.past + len(f.tokens) >= f.state.num_tokens)
-        if rids:
-            out[final.op_id] = rids
-    return out
+def to_candidate(plan: Plan, kv_bytes: dict[str, int], issued_at: float = 0.0) -> Candidate:
+    """The plan's ops as a simulator candidate (the simulator issues them at its `now`)."""
+    return Candidate(sim_ops(plan, issued_at), kv_bytes)

@@ -31,11 +31,13 @@ from models.batch import Batch, BatchShape, SeqSpec, build_batch
 from models.default_model import cache_root
 from models.kv_cache import KVCache, blocks_for
 from models.loader import Model
+from models.template import GraphTemplate, OpKind
 from scheduler.estimators import Estimators, device_kind
 
 logger = logging.getLogger(__name__)
 
 SWEEP_VERSION = 1  # NOTE: bump when the measuring method changes, so caches are refitted
+FALLBACK_FLOPS_S = 20e9  # compute rate assumed for a device kind never profiled
 
 Case = tuple[tuple[int, ...], tuple[int, ...]]  # (new tokens per seq, past tokens per seq)
 
@@ -192,6 +194,38 @@ def _pairs(devices: Sequence[str], kinds: dict[str, str]) -> dict[tuple[str, str
     return out
 
 
+def copy_bandwidth(num_bytes: int = 64 << 20, repeats: int = 5) -> float:
+    """Host memory copy bandwidth in bytes/s (median of `repeats` copies of `num_bytes`)."""
+    src = torch.ones(num_bytes // 4, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - t0)
+    return num_bytes / statistics.median(times[1:])
+
+
+def fallback_coefficients(template: GraphTemplate, bandwidth_bytes_s: float,
+                          flops_per_s: float = FALLBACK_FLOPS_S) -> Callable[[str], tuple]:
+    """op name -> coefficients over `OP_FEATURES` for a device kind never profiled: its FLOPs
+    at `flops_per_s` plus its weight and KV bytes read at `bandwidth_bytes_s` (conservative
+    rates; the fit replaces them once the kind is profiled)."""
+    ops = {t.name: t for t in template.ops}
+
+    def coef(name: str) -> tuple[float, ...]:
+        t = ops[name]
+        per_token = t.flops(BatchShape(1, 0, 0, 0, 0)) / flops_per_s
+        per_attn = (t.flops(BatchShape(0, 0, 0, 1, 0)) / flops_per_s)
+        per_sampled = t.flops(BatchShape(0, 0, 1, 0, 0)) / flops_per_s
+        per_context = t.kv_bytes_per_token / bandwidth_bytes_s
+        if t.kind is OpKind.EMBED:
+            per_token = t.output_bytes(BatchShape(1, 1, 0, 0, 0)) / bandwidth_bytes_s
+        fixed = t.weight_bytes / bandwidth_bytes_s
+        return (per_token, per_attn, 0.0, per_sampled, per_context, fixed)
+    return coef
+
+
 def profile(model: Model, devices: Sequence[Device | str], sweep: Sweep | None = None,
             threads: int = 1, kinds: dict[str, str] | None = None,
             clock: Clock = time.perf_counter) -> Estimators:
@@ -210,22 +244,33 @@ def profile(model: Model, devices: Sequence[Device | str], sweep: Sweep | None =
                 est.fit_op(kind, t.name, [s.shape for s in samples],
                            [s.median(i) for s in samples])
         for (ks, kd), (s, d) in _pairs(names, kinds).items():
-            src, dst = Device(s, 1).torch_device, Device(d, 1).torch_device
-            meas = time_copies(model, src, dst, sweep.transfer_tokens, sweep.transfer_repeats,
-                               clock)
-            est.fit_transfer(ks, kd, [b for b, _ in meas],
-                             [statistics.median(ts) for _, ts in meas])
+            est.fit_transfer(ks, kd, *profile_pair(model, s, d, sweep, clock))
+        est.copy_bandwidth_bytes_s = copy_bandwidth()
     logger.info("profiled %s on %s in %.1f s", model.name, ", ".join(names),
                 time.perf_counter() - t0)
     return est
 
 
-def cache_key(model: Model, kinds: Sequence[str], sweep: Sweep, threads: int) -> dict[str, object]:
-    """What a cached fit depends on."""
+def profile_pair(model: Model, src: str, dst: str, sweep: Sweep | None = None,
+                 clock: Clock = time.perf_counter) -> tuple[list[int], list[float]]:
+    """Time copies src -> dst over the sweep's sizes: (bytes, median seconds) per size."""
+    sweep = sweep or Sweep()
+    meas = time_copies(model, Device(src, 1).torch_device, Device(dst, 1).torch_device,
+                       sweep.transfer_tokens, sweep.transfer_repeats, clock)
+    return [b for b, _ in meas], [statistics.median(ts) for _, ts in meas]
+
+
+def cache_key(model: Model, names: Sequence[str], kinds: dict[str, str], sweep: Sweep,
+              threads: int) -> dict[str, object]:
+    """What a cached fit depends on: the model, the device kinds, every (kind, kind) pair
+    profiled and the device count (a one-device fit is never read back for two devices),
+    torch, the threads and the sweep."""
+    pairs = sorted(list(p) for p in _pairs(names, kinds))
     return {"model": str(Path(model.path).resolve()), "dtype": str(model.dtype),
-            "layers_per_group": model.template.layers_per_group, "kinds": sorted(set(kinds)),
-            "torch": torch.__version__, "threads": threads, "sweep": asdict(sweep),
-            "version": SWEEP_VERSION}
+            "layers_per_group": model.template.layers_per_group,
+            "kinds": sorted(set(kinds[n] for n in names)), "pairs": pairs,
+            "num_devices": len(names), "torch": torch.__version__, "threads": threads,
+            "sweep": asdict(sweep), "version": SWEEP_VERSION}
 
 
 def cache_path(key: dict[str, object], cache_dir: Path | None = None) -> Path:
@@ -241,7 +286,7 @@ def load_or_profile(model: Model, devices: Sequence[Device | str], cache_dir: Pa
     sweep = sweep or Sweep()
     names = [d if isinstance(d, str) else d.name for d in devices]
     kinds = {d: (kinds or {}).get(d) or device_kind(d) for d in names}
-    key = cache_key(model, list(kinds.values()), sweep, threads)
+    key = cache_key(model, names, kinds, sweep, threads)
     path = cache_path(key, cache_dir)
     if path.is_file() and not refresh:
         try:

@@ -1,40 +1,51 @@
-"""The scheduler coroutine: a round is collect -> score -> issue; completions come back via on_done.
+"""The scheduler coroutine: a round is view -> policy.schedule -> apply; completions via on_done.
 
-Rounds run when something changes (an arrival, a completion, an abort),
-never by polling. The policy decides what to issue (scheduler/policy.py,
-scheduler/slice_policy.py); this module owns request state, KV admission,
-the GMG, the executors, and the token streams.
+Rounds run when something changes (an arrival, a chunk's completion, an abort,
+a fault), never by polling. The policy decides (scheduler/policies/); the
+scheduler applies the decision to its requests (scheduler/requests.py) and
+issues the plans (scheduler/inflight.py tracks them), and supervises all of
+it: an exception in a round or in a completion handler is logged and counted,
+the requests it concerned end with a server error, and scheduling goes on.
+`stats().healthy` is False while rounds keep failing or once the round task
+has ended.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 from typing import Any
 
 from executors.memory import MemoryLedger
-from executors.types import Device, OpInstance, OpState, Priority
+from executors.types import Device, OpInstance, OpState
+from models.batch import BatchSource, SeqSpec
 from models.loader import Model
 from scheduler.api import SchedulerStats
-from scheduler.batching import RoundContext
 from scheduler.bookkeeping import Bookkeeping
 from scheduler.config import SchedulerConfig
+from scheduler.decision import RoundDecision
 from scheduler.execution import Execution, ExecutorFactory, kv_pools
 from scheduler.gmg import GMG
-from scheduler.ieg import (
-    BoundedQueues,
-    FinishReason,
-    Overloaded,
-    Request,
-    RequestTooLarge,
-    TokenEvent,
-)
+from scheduler.health import RoundHealth
+from scheduler.ieg import FinishReason, Overloaded, Request, RequestTooLarge, TokenEvent
+from scheduler.inflight import InFlight
 from scheduler.kv import KVManager
-from scheduler.plan import Builder, OpTime, Plan, XferTime, first_token_ops
-from scheduler.registry import make_policy
-from scheduler.state import Placement, RequestState
+from scheduler.plan import Builder, Feed, OpTime, Plan, XferTime
+from scheduler.policies import make_policy
+from scheduler.reprofile import PairProfiler
+from scheduler.requests import Requests
+from scheduler.state import RequestState, Status
 from scheduler.stats import collect
+from scheduler.view import RoundView
+
+logger = logging.getLogger(__name__)
+
+_ENDINGS = {"stop": FinishReason.STOP, "error": FinishReason.ERROR}  # abort reason -> finish
 
 
 class Scheduler:
@@ -50,29 +61,39 @@ class Scheduler:
         self.policy = make_policy(policy)
         self.estimator = estimator  # observe(op) / mape(), when online refit is on
         self.ledgers = {d.name: MemoryLedger(d.memory_bytes) for d in devices}
-        self.kv = KVManager(kv_pools(model, devices, self.ledgers, self.cfg))
+        self.kv = KVManager(kv_pools(model, devices, self.ledgers, self.cfg),
+                            self.cfg.swap_space_bytes)
         self.gmg = GMG(self.devices, self.ledgers, self.kv)
+        self.requests = Requests(self.kv, self.gmg, model.template, self.cfg.queue_capacity)
+        self.inflight = InFlight()
         self.builder = Builder(model.template, self.cfg.block_size, op_time, xfer_time)
-        self.exec = Execution(model, self.devices, self.kv, self.ledgers, self._on_done,
-                              executor_factory)
+        self.exec = Execution(model, self.devices, self.kv, self.ledgers,
+                              self._on_done_thread, executor_factory)
         self.books = Bookkeeping(self.cfg.timeline_size)
-        self.waiting: BoundedQueues[RequestState] = BoundedQueues(self.cfg.queue_capacity)
-        self.states: dict[str, RequestState] = {}
-        self.plans: dict[int, tuple[Plan, int]] = {}  # final op id -> (plan, chunk index)
-        self.op_plan: dict[int, Plan] = {}  # op id -> its plan, while the plan is in flight
-        self.prefill_inflight: dict[tuple[str, Priority], int] = {}
-        self.decode_inflight: set[Placement] = set()
+        self.health = RoundHealth()
         self.tightest_slo_s: float | None = None  # smallest TTFT SLO among requests seen
+        self.profiler: PairProfiler | None = None  # profiles pairs the estimators lack
+        self._retry_on_progress = False  # the last round held work back (see RoundDecision)
         self._wake = asyncio.Event()
+        self._done: deque[OpInstance] = deque()  # completions not handled yet (any thread)
+        self._booked: list[OpInstance] = []  # handled ops awaiting estimator and timeline
+        self._event_loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
         self._accepting = False
+        self._stopping = False
         self._started_at = clock()
+
+    @property
+    def states(self) -> dict[str, RequestState]:
+        return self.requests.states
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
-        self.exec.start(asyncio.get_running_loop())
+        self._event_loop = asyncio.get_running_loop()
+        self.exec.start()
         self._accepting, self._started_at = True, self.clock()
         self._task = asyncio.create_task(self._loop(), name="slicegate-scheduler")
+        self._task.add_done_callback(self._task_ended)
 
     async def stop(self, drain: bool = True, timeout_s: float = 30.0) -> None:
         self._accepting = False
@@ -83,26 +104,34 @@ class Scheduler:
             self.abort(rid, "abort")
         while any(s.in_flight for s in self.states.values()) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
+        self._stopping = True
         if self._task is not None:
             self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
         self.exec.stop()
 
     async def _loop(self) -> None:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            t0 = time.perf_counter()
-            self.policy.run_round(self._context())
-            self.books.round_s.append(time.perf_counter() - t0)
-            del self.books.round_s[:-10000]
+            self._round()
+
+    def _task_ended(self, task: asyncio.Task[None]) -> None:
+        if self._stopping:
+            return
+        err = "cancelled" if task.cancelled() else repr(task.exception())
+        logger.critical("the scheduler task ended: %s", err)
+        self.health.task_error = err
+        for state in list(self.states.values()):
+            self._fail(state, f"the scheduler stopped: {err}")
 
     # -- submit / abort --------------------------------------------------------------------
     def submit(self, request: Request) -> AsyncIterator[TokenEvent]:
         """Queue a request; raises RequestTooLarge or Overloaded before any token."""
         self._check(request)
         state = RequestState(request, request.build_ieg(self.cfg.max_batch_tokens))
-        self.waiting.push(state)
-        self.states[request.request_id] = state
+        self.requests.add(state)
         if request.ttft_slo_s is not None:
             self.tightest_slo_s = min(self.tightest_slo_s or request.ttft_slo_s,
                                       request.ttft_slo_s)
@@ -112,6 +141,8 @@ class Scheduler:
     def _check(self, request: Request) -> None:
         if not self._accepting:
             raise Overloaded("the server is shutting down", retry_after_s=5.0)
+        if self.health.task_error is not None:
+            raise Overloaded("the scheduler is not running", retry_after_s=5.0)
         total = len(request.prompt_token_ids) + request.max_tokens
         if total > self.cfg.max_model_len:
             raise RequestTooLarge(f"prompt ({len(request.prompt_token_ids)} tokens) + max_tokens "
@@ -121,7 +152,7 @@ class Scheduler:
             raise RequestTooLarge(f"{total} tokens of KV can never fit in one device's cache")
         if request.request_id in self.states:
             raise ValueError(f"duplicate request id {request.request_id}")
-        if not self.waiting.can_push(request.priority):
+        if not self.requests.waiting.can_push(request.priority):
             raise Overloaded(f"too many waiting {request.priority.label}-priority requests",
                              retry_after_s=1.0)
 
@@ -137,86 +168,213 @@ class Scheduler:
                 self.abort(state.rid, "abort")
 
     def abort(self, request_id: str, reason: str) -> None:
+        """End a request early (`stop`, `abort`, ...); frees its KV. Idempotent."""
         state = self.states.get(request_id)
         if state is None or state.finished:
             return
-        fin = FinishReason.STOP if reason == "stop" else FinishReason.ABORT
-        if self.waiting.remove(request_id) is not None:
-            self._end(state, fin)
-        elif state.in_flight:
-            state.abort_reason = reason
-            self._withdraw(state)
-        else:
-            self._end(state, fin)
+        self._end_early(state, _ENDINGS.get(reason, FinishReason.ABORT))
         self._wake.set()
 
+    def _fail(self, state: RequestState, error: str) -> None:
+        """End a request with a server error (at its plan's end, if it is in flight)."""
+        if not state.finished:
+            self._end_early(state, FinishReason.ERROR, error)
+
+    def _end_early(self, state: RequestState, reason: FinishReason,
+                   error: str | None = None) -> None:
+        if state.in_flight:
+            state.ending, state.error = reason, error
+            self._withdraw(state)
+        else:
+            self.requests.end(state, reason, error)
+
     def _withdraw(self, state: RequestState) -> None:
-        """Remove the queued ops of an aborted request's plan when it is alone in it."""
-        plan = next((p for p in self.op_plan.values() if state in p.states), None)
-        if plan is None or len(plan.states) > 1:
+        """Remove the queued ops of an ending request's plan when it is alone in it."""
+        plan = self.inflight.by_request.get(state.rid)
+        if plan is None or len(plan.rids) > 1:
             return  # NOTE: batch-mates still need the ops; the request is dropped at the end
-        plan.cancelled = True
+        self.inflight.cancel(plan)
         self.exec.cancel(plan.ops)
         if not any(op.state is OpState.RUNNING for op in plan.ops):
             self._plan_done(plan)
 
-    def _end(self, state: RequestState, reason: FinishReason, error: str | None = None) -> None:
-        """Finish a request that is not in flight: close its stream and free its KV."""
-        state.finish(reason, error)
-        self.kv.free(state.rid)
-        self.gmg.deadlines.pop(state.rid, None)
-        self.states.pop(state.rid, None)
-
     # -- a round ---------------------------------------------------------------------------
-    def _context(self) -> RoundContext:
-        runnable = [s for s in self.states.values()
-                    if s.placement is not None and not s.in_flight and not s.finished]
-        return RoundContext(self.clock(), self.cfg, list(self.devices),
-                            len(self.model.template.ops), self.waiting, runnable, self.kv,
-                            self.builder, self.gmg, self._admit, self._issue, self._preempt,
-                            self.prefill_inflight, self.decode_inflight,
-                            self.tightest_slo_s or self.cfg.default_ttft_slo_s)
-
-    def _admit(self, state: RequestState, placement: Placement) -> None:
-        reservation = self.kv.reserve(state.rid, set(placement),
-                                      state.prompt_len + state.req.max_tokens)
-        self.waiting.remove(state.rid)
-        state.placement, state.tables = placement, reservation.tables
-        if state.req.ttft_deadline is not None and not state.output_ids:
-            self.gmg.deadlines[state.rid] = state.req.ttft_deadline
-
-    def _preempt(self, state: RequestState) -> None:
-        self.kv.free(state.rid)
-        state.placement, state.tables, state.num_computed = None, {}, 0
-        state.num_preemptions += 1
-        self.books.preemptions[(state.req.tenant, state.priority.label)] += 1
-        self.waiting.queue(state.priority).appendleft(state)
-
-    def _issue(self, plan: Plan) -> None:
-        self.builder.build(plan, tensors=True)
-        now = self.clock()
-        self.gmg.add(plan.ops, first_token_ops(plan))
-        for i, final in enumerate(plan.finals):
-            self.plans[final.op_id] = (plan, i)
-        for op in plan.ops:
-            self.op_plan[op.op_id] = plan
-        for s in plan.states:
-            s.in_flight = True
-            s.scheduled_time = s.scheduled_time or now
-        if _is_prefill(plan):
-            key = (plan.placement[0], plan.priority)
-            self.prefill_inflight[key] = self.prefill_inflight.get(key, 0) + 1
+    def _round(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            view = self._view()
+            self._apply(self.policy.schedule(view), view.now)
+        except Exception as e:
+            self._round_failed(e)
         else:
-            self.decode_inflight.add(plan.placement)
+            self.health.round_ok()
+        self.books.record_round(time.perf_counter() - t0)
+        if self.profiler is not None and self.estimator is not None:
+            pairs = self.estimator.take_pairs_to_profile()
+            if pairs:
+                self.profiler.request(pairs)
+
+    def _round_failed(self, e: Exception) -> None:
+        logger.exception("a scheduling round failed")
+        retry_s = self.health.round_failed(f"{type(e).__name__}: {e}")
+        if self.health.failing_rounds >= self.cfg.max_failed_rounds:
+            for state in [s for s in self.states.values() if not s.in_flight]:
+                self._fail(state, f"scheduling failed {self.health.failing_rounds} times in a "
+                                  f"row: {type(e).__name__}: {e}")
+        asyncio.get_running_loop().call_later(retry_s, self._wake.set)
+
+    def _view(self) -> RoundView:
+        now = self.clock()
+        runnable, running, waiting = self.requests.views()
+        pools = self.kv.pools
+        snap = self.gmg.snapshot(now) if self.policy.uses_simulation else None
+        return RoundView(
+            now, self.cfg, tuple(self.devices), len(self.model.template.ops), waiting, runnable,
+            running,
+            {d: p.allocator.num_free for d, p in pools.items()},
+            {d: int(self.cfg.kv_watermark * p.allocator.num_blocks) for d, p in pools.items()},
+            self.cfg.block_size, self.kv.swap_bytes(1), self.kv.host_free_bytes, snap,
+            self.gmg.loads(), self.builder, dict(self.inflight.prefills),
+            frozenset(self.inflight.decodes),
+            self.tightest_slo_s or self.cfg.default_ttft_slo_s)
+
+    def _apply(self, d: RoundDecision, now: float) -> None:
+        """Commit a decision: first what frees KV, then what takes it, then the plans."""
+        for p in d.preemptions:
+            self._guard((p.rid,), partial(self.requests.preempt, p))
+        for m in d.migrations:
+            self._guard((m.rid,), partial(self.requests.migrate, m))
+        for a in d.admissions:
+            self._guard((a.rid,), partial(self.requests.admit, a))
+        for g in d.growths:
+            self._guard((g.rid,), partial(self.requests.grow, g))
+        for plan in d.plans:
+            self._guard(plan.rids, partial(self._issue, plan, now))
+        for rid in d.blocked:
+            if (state := self.states.get(rid)) is not None:
+                state.on_blocked()
+        for f in d.failures:
+            logger.error("deciding for %s failed:\n%s", ", ".join(f.rids), f.traceback)
+            self._fail_rids(f.rids, f"scheduling failed: {f.error}")
+        self._retry_on_progress = d.retry_on_progress
+
+    def _guard(self, rids: tuple[str, ...], fn: Callable[[], object]) -> None:
+        try:
+            fn()
+        except Exception as e:
+            logger.exception("applying a decision for %s failed", ", ".join(rids))
+            self._fail_rids(rids, f"scheduling failed: {type(e).__name__}: {e}")
+
+    def _fail_rids(self, rids: tuple[str, ...], error: str) -> None:
+        self.health.request_error(error)
+        for rid in rids:
+            if (state := self.states.get(rid)) is not None:
+                self._fail(state, error)
+
+    def _issue(self, plan: Plan, now: float) -> None:
+        """Issue the plan's ops as the policy built them; tensors are built by the executors."""
+        states = [self._issuable(rid, plan) for rid in plan.rids]
+        self._attach_batches(plan)
+        self.gmg.add(plan.ops, plan.first_tokens)
+        self.inflight.add(plan)
         for op in plan.ops:
             op.issued_at = now
             self.gmg.mark_issued(op)
+        for s in states:
+            s.status = Status.RUNNING
+            s.scheduled_time = s.scheduled_time or now
+            s.on_issued()
         self.exec.enqueue(plan.ops)
 
+    def _issuable(self, rid: str, plan: Plan) -> RequestState:
+        state = self.states.get(rid)
+        if state is None or state.status is not Status.RUNNABLE or state.finished:
+            raise ValueError(f"{rid} is not runnable")
+        if state.placement != plan.placement:
+            raise ValueError(f"{rid} holds KV on {state.placement}, not on {plan.placement}")
+        return state
+
+    def _attach_batches(self, plan: Plan) -> None:
+        """Give every compute op its device's `BatchSource` (one per chunk and device)."""
+        for chunk, ops in zip(plan.chunks, plan.chunk_ops, strict=True):
+            sources: dict[str, BatchSource] = {}
+            for op in ops:
+                if op.device not in sources:
+                    sources[op.device] = BatchSource(self._seqs(chunk, op.device),
+                                                     self.cfg.block_size,
+                                                     self.devices[op.device].torch_device)
+                op.batch = sources[op.device]
+
+    def _seqs(self, chunk: list[Feed], device: str) -> list[SeqSpec]:
+        out = []
+        for f in chunk:
+            s = self.states[f.rid]
+            table = s.tables[device]
+            if f.past + f.num_tokens > min(s.num_tokens, len(table) * self.cfg.block_size):
+                raise ValueError(f"{f.rid}: feed [{f.past}, +{f.num_tokens}) is out of range")
+            out.append(SeqSpec(f.rid, s.token_ids(f.past, f.num_tokens), f.past, list(table),
+                               sample=f.samples, sampling=s.req.sampling,
+                               num_generated=len(s.output_ids)))
+        return out
+
     # -- completions -----------------------------------------------------------------------
+    def _on_done_thread(self, op: OpInstance) -> None:
+        """An executor finished `op` (called on its thread). Cheap: queue it, and wake the
+        loop only when it ends a chunk, failed, belongs to a cancelled plan, or the last
+        round held work back; other completions are handled with the next one.
+
+        NOTE: waking the loop for every op made it contend with the executors for the
+        GIL during every operator (seen as ~0.1 ms per op at batch 1)."""
+        self._done.append(op)
+        if op.op_id in self.inflight.urgent or op.error is not None or self._retry_on_progress:
+            loop = self._event_loop
+            if loop is not None and not loop.is_closed():
+                with contextlib.suppress(RuntimeError):  # closed under us at shutdown
+                    loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        """Handle every completion queued so far, then book them after the streams ran."""
+        while self._done:
+            op = self._done.popleft()
+            self._on_done(op)
+            self._booked.append(op)
+        if self._booked:
+            asyncio.get_running_loop().call_soon(self._book)
+
+    def _book(self) -> None:
+        """Timeline and estimator refits of handled ops (after any token they released
+        reached its stream)."""
+        booked, self._booked = self._booked, []
+        for op in booked:
+            self.books.record_op(op)
+            if self.estimator is not None and op.error is None:
+                self.estimator.observe(op)
+
     def _on_done(self, op: OpInstance) -> None:
-        self.books.record_op(op)
-        plan = self.op_plan.get(op.op_id)
+        """An op finished (called on the loop). Never raises: a failure ends its plan."""
+        try:
+            self._op_done(op)
+        except Exception as e:
+            logger.exception("handling the completion of %s failed", op.name)
+            self.health.request_error(f"{type(e).__name__}: {e}")
+            plan = self.inflight.by_op.get(op.op_id)
+            if plan is not None:
+                self._abandon(plan, f"internal error after {op.name}: {type(e).__name__}: {e}")
+            self._wake.set()
+
+    def _abandon(self, plan: Plan, error: str) -> None:
+        with contextlib.suppress(Exception):
+            self.exec.cancel(plan.ops)
+        try:
+            self._plan_done(plan, error=error)
+        except Exception:
+            logger.exception("ending a failed plan raised; ending its requests directly")
+            for rid in plan.rids:
+                if (state := self.states.get(rid)) is not None:
+                    self.requests.end(state, FinishReason.ERROR, error)
+
+    def _op_done(self, op: OpInstance) -> None:
+        plan = self.inflight.by_op.get(op.op_id)
         if plan is None:
             return  # its plan ended already (withdrawn)
         if plan.cancelled:
@@ -224,40 +382,40 @@ class Scheduler:
                 self._plan_done(plan)
             return
         if op.error is not None:
-            self._on_fault(op)
+            self._on_fault(op, plan)
             return
-        if self.estimator is not None:
-            self.estimator.observe(op)
         self.gmg.finish(op)
-        entry = self.plans.pop(op.op_id, None)
+        entry = self.inflight.finals.pop(op.op_id, None)
         if entry is not None:
-            plan, index = entry
-            self._chunk_done(plan, index, op)
-        self._wake.set()
+            self._chunk_done(plan, entry[1], op)
+            self._wake.set()
+        elif self._retry_on_progress:
+            self._wake.set()
 
-    def _on_fault(self, op: OpInstance) -> None:
-        if op.attempts < self.cfg.max_op_attempts:
+    def _on_fault(self, op: OpInstance, plan: Plan) -> None:
+        if op.attempts < self.cfg.max_op_attempts and self.exec.alive(op.device):
             self.exec.retry(op)  # NOTE: only this op re-runs; its dependents are still queued
             return
-        plan = self.op_plan[op.op_id]
-        self.exec.cancel(plan.ops)
-        self._plan_done(plan, error=f"{op.name} failed on {op.device}: {op.error}")
+        self._abandon(plan, f"{op.name} failed on {op.device}: {op.error}")
         self._wake.set()
 
     def _chunk_done(self, plan: Plan, index: int, final: OpInstance) -> None:
         chunk = plan.chunks[index]
         for f in chunk:
-            f.state.num_computed = f.past + len(f.tokens)
+            if (s := self.states.get(f.rid)) is not None:
+                s.num_computed = f.past + f.num_tokens
+                s.on_computed()
         if final.template_index == len(self.model.template.ops) - 1:
-            sampled = [f.state for f in chunk if f.past + len(f.tokens) >= f.state.num_tokens]
-            for s, token in zip(sampled, final.output.tolist(), strict=True):
-                self._on_token(s, int(token))
+            sampled = [f for f in chunk if f.samples]
+            for f, token in zip(sampled, final.output.tolist(), strict=True):
+                if (s := self.states.get(f.rid)) is not None:
+                    self._on_token(s, int(token))
         if index == len(plan.chunks) - 1:
             self._plan_done(plan)
 
     def _on_token(self, s: RequestState, token: int) -> None:
         now = self.clock()
-        if s.finished or s.abort_reason is not None:
+        if s.finished:
             return
         s.output_ids.append(token)
         if len(s.output_ids) == 1:
@@ -269,28 +427,23 @@ class Scheduler:
         s.add_decode_node()
         s.emit(TokenEvent(token, len(s.output_ids) - 1, now, reason))
         if reason is not None:
-            s.finished = True
+            s.ending, s.stream_closed = reason, True
 
     def _plan_done(self, plan: Plan, error: str | None = None) -> None:
-        if _is_prefill(plan):
-            self.prefill_inflight[(plan.placement[0], plan.priority)] -= 1
-        else:
-            self.decode_inflight.discard(plan.placement)
-        for op in plan.ops:
-            self.op_plan.pop(op.op_id, None)
-            self.plans.pop(op.op_id, None)
+        """A plan is over (completed, withdrawn or failed): its requests are runnable again
+        or end, and a round follows (what they held may now fit something else)."""
+        self._wake.set()
+        held = self.inflight.remove(plan)
         self.gmg.remove(plan.ops)
         self.exec.release(plan.ops)
-        for s in plan.states:
-            s.in_flight = False
+        for rid in held:
+            if (s := self.states.get(rid)) is None:
+                continue
+            s.status = Status.RUNNABLE
             if error is not None:
-                self._end(s, FinishReason.ERROR, error)
-            elif s.finished:
-                self.kv.free(s.rid)
-                self.states.pop(s.rid, None)
-                s.finish(FinishReason.STOP, emit=False)  # its last token event ended the stream
-            elif s.abort_reason is not None:
-                self._end(s, FinishReason.STOP if s.abort_reason == "stop" else FinishReason.ABORT)
+                self.requests.end(s, FinishReason.ERROR, error, emit=not s.stream_closed)
+            elif s.ending is not None:
+                self.requests.end(s, s.ending, s.error, emit=not s.stream_closed)
 
     # -- views -----------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
@@ -303,10 +456,6 @@ class Scheduler:
         return collect(self)
 
 
-def _is_prefill(plan: Plan) -> bool:
-    return any(len(f.tokens) > 1 for c in plan.chunks for f in c)
-
-
 def _finish_reason(s: RequestState, token: int) -> FinishReason | None:
     p = s.req.sampling
     n = len(s.output_ids)
@@ -315,4 +464,3 @@ def _finish_reason(s: RequestState, token: int) -> FinishReason | None:
     if n >= p.max_tokens:
         return FinishReason.LENGTH
     return None
-

@@ -1,15 +1,38 @@
-"""A running request's state inside the scheduler: its IEG, KV progress and output stream."""
+"""A request's state inside the scheduler: its status, IEG, KV progress and output stream."""
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import time
 from dataclasses import dataclass, field
 
 from executors.types import Priority
 from scheduler.ieg import FinishReason, IEGNode, NodeKind, NodeState, Request, TokenEvent
+from scheduler.requestview import Placement, RequestView
 
-Placement = tuple[str, ...]  # device name per operator of the chain
+
+class Status(enum.Enum):
+    """Where a request is. WAITING/SWAPPED sit in a waiting queue; RUNNABLE/RUNNING hold KV.
+
+    WAITING -> RUNNABLE (admitted) <-> RUNNING (a plan in flight) -> DONE; a RUNNABLE
+    request may be preempted back to WAITING (its KV freed, to recompute) or SWAPPED (its
+    KV in host memory, to copy back on resume).
+    """
+
+    WAITING = "waiting"
+    SWAPPED = "swapped"
+    RUNNABLE = "runnable"
+    RUNNING = "running"
+    DONE = "done"
+
+    @property
+    def is_queued(self) -> bool:
+        return self in (Status.WAITING, Status.SWAPPED)
+
+    @property
+    def holds_kv(self) -> bool:
+        return self in (Status.RUNNABLE, Status.RUNNING)
 
 
 @dataclass(eq=False)
@@ -19,17 +42,20 @@ class RequestState:
     req: Request
     nodes: list[IEGNode]
     events: asyncio.Queue[TokenEvent] = field(default_factory=asyncio.Queue)
+    status: Status = Status.WAITING
     output_ids: list[int] = field(default_factory=list)
-    num_computed: int = 0  # tokens whose KV is written
+    num_computed: int = 0  # tokens whose KV is written (held on devices, or swapped out)
     placement: Placement | None = None  # fixed by the first prefill (KV affinity)
     tables: dict[str, list[int]] = field(default_factory=dict)  # device -> KV block table
-    in_flight: bool = False  # part of an issued batch that has not completed
-    finished: bool = False
-    abort_reason: str | None = None  # set while in flight; applied when the batch completes
+    ending: FinishReason | None = None  # set while RUNNING: end when the plan completes
+    error: str | None = None  # with ending ERROR: what the client is told
+    stream_closed: bool = False  # its last token event carried the finish reason
     scheduled_time: float | None = None  # first time any of its ops was issued
     first_token_time: float | None = None
     last_token_time: float | None = None
     num_preemptions: int = 0
+    _view: RequestView | None = field(default=None, repr=False)
+    _view_key: tuple = field(default=(), repr=False)
 
     @property
     def rid(self) -> str:
@@ -53,28 +79,79 @@ class RequestState:
         return self.prompt_len + len(self.output_ids)
 
     @property
-    def is_prefilling(self) -> bool:
-        """More than one token still to feed: a prompt (or a recompute after preemption)."""
-        return self.num_tokens - self.num_computed > 1
+    def in_flight(self) -> bool:
+        return self.status is Status.RUNNING
 
+    @property
+    def finished(self) -> bool:
+        """Ended, or ending with its plan in flight: no more work is planned for it."""
+        return self.status is Status.DONE or self.ending is not None
 
+    def view(self) -> RequestView:
+        """This request as a policy sees it (cached until its progress, status or KV change)."""
+        key = (self.num_computed, len(self.output_ids), self.placement, self.status,
+               tuple(len(t) for t in self.tables.values()))
+        if self._view is None or key != self._view_key:
+            blocks = tuple((d, len(t)) for d, t in sorted(self.tables.items()))
+            self._view_key = key
+            self._view = RequestView(
+                self.rid, self.req.tenant, self.priority, self.req.arrival_time,
+                self.req.ttft_slo_s, self.prompt_len, self.req.max_tokens, len(self.output_ids),
+                self.num_computed, self.placement, blocks, self.status is Status.SWAPPED)
+        return self._view
 
-    def next_chunk(self, max_tokens: int) -> list[int]:
-        """Tokens to feed next: a chunk of what is not in KV yet (the last token when decoding)."""
-        start = self.num_computed
-        if start < self.prompt_len:
-            return self.req.prompt_token_ids[start:start + max_tokens] + self.output_ids[
-                :max(0, start + max_tokens - self.prompt_len)]
-        return self.output_ids[start - self.prompt_len:start - self.prompt_len + max_tokens]
+    def token_ids(self, start: int, count: int) -> list[int]:
+        """Tokens [start, start + count) of prompt + output."""
+        prompt = self.req.prompt_token_ids
+        if start + count <= len(prompt):
+            return prompt[start:start + count]
+        return (prompt + self.output_ids)[start:start + count]
 
     def emit(self, event: TokenEvent) -> None:
         self.events.put_nowait(event)
 
+    # -- the IEG -----------------------------------------------------------------------------
+    def frontier(self) -> IEGNode | None:
+        """The next node to run: the first unfinished prefill or decode node."""
+        return next((n for n in self.nodes if n.kind in (NodeKind.PREFILL, NodeKind.DECODE)
+                     and not n.state.is_finished), None)
+
+    def on_admitted(self) -> None:
+        if (n := self.frontier()) is not None and n.state in (NodeState.INIT, NodeState.PREEMPTED):
+            n.advance(NodeState.READY)
+
+    def on_issued(self) -> None:
+        if (n := self.frontier()) is not None:
+            walk(n, NodeState.SCHEDULED)
+
+    def on_computed(self) -> None:
+        """Nodes whose tokens are all in KV now are COMPLETED."""
+        for n in self.nodes:
+            if n.kind in (NodeKind.PREFILL, NodeKind.DECODE) and not n.state.is_finished \
+                    and n.num_context_tokens + n.num_tokens <= self.num_computed:
+                walk(n, NodeState.COMPLETED)
+
+    def on_preempted(self) -> None:
+        if (n := self.frontier()) is not None and n.state in (NodeState.READY,
+                                                              NodeState.SCHEDULED):
+            n.advance(NodeState.PREEMPTED)
+
+    def on_blocked(self) -> None:
+        """Its next step waits for KV blocks."""
+        if (n := self.frontier()) is not None and n.state is NodeState.READY:
+            n.advance(NodeState.BLOCKED)
+
+    def add_decode_node(self) -> IEGNode:
+        node = IEGNode(NodeKind.DECODE, len(self.output_ids), 1, self.num_tokens - 1,
+                       state=NodeState.READY)
+        self.nodes.insert(len(self.nodes) - 1, node)  # before Output
+        return node
+
     def finish(self, reason: FinishReason, error: str | None = None, emit: bool = True) -> None:
-        """End the request and mark the IEG's open nodes; `emit` closes the stream too."""
-        if self.finished and emit:
+        """End the request (DONE) and its IEG's open nodes; `emit` closes the stream too."""
+        if self.status is Status.DONE:
             return
-        self.finished = True
+        self.status = Status.DONE
         if emit:
             self.emit(TokenEvent(None, len(self.output_ids), time.monotonic(), reason, error))
         end = {FinishReason.ERROR: NodeState.FAILED, FinishReason.ABORT: NodeState.ABORTED}
@@ -87,22 +164,17 @@ class RequestState:
             else:
                 n.advance(final)
 
-    def add_decode_node(self) -> IEGNode:
-        node = IEGNode(NodeKind.DECODE, len(self.output_ids), 1, self.num_computed,
-                       state=NodeState.READY)
-        self.nodes.insert(len(self.nodes) - 1, node)  # before Output
-        return node
-
 
 _PATH = (NodeState.INIT, NodeState.READY, NodeState.SCHEDULED, NodeState.RUNNING,
          NodeState.COMPLETED)
 
 
 def walk(node: IEGNode, target: NodeState) -> None:
-    """Advance `node` along INIT -> READY -> SCHEDULED -> RUNNING -> COMPLETED up to `target`."""
-    if node.state is NodeState.PREEMPTED:
+    """Advance `node` along INIT -> READY -> SCHEDULED -> RUNNING -> COMPLETED up to `target`
+    (a PREEMPTED or BLOCKED node first goes back to READY)."""
+    if node.state in (NodeState.PREEMPTED, NodeState.BLOCKED):
         node.advance(NodeState.READY)
-    if node.state is NodeState.BLOCKED:
-        node.advance(NodeState.RUNNING)
+    if _PATH.index(node.state) >= _PATH.index(target):
+        return
     for state in _PATH[_PATH.index(node.state) + 1:_PATH.index(target) + 1]:
         node.advance(state)

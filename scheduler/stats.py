@@ -16,13 +16,16 @@ def collect(s: Scheduler) -> SchedulerStats:
     waiting: Counter[tuple[str, str]] = Counter()
     for st in s.states.values():
         key = (st.req.tenant, st.priority.label)
-        (running if st.placement is not None else waiting)[key] += 1
+        (running if st.status.holds_kv else waiting)[key] += 1
+    problem = s.health.problem(s.exec.healthy)
     wall = max(1e-9, s.clock() - s._started_at)
-    rounds, s.books.round_s = s.books.round_s, []
     mape = s.estimator.mape() if s.estimator is not None else {}
     return SchedulerStats(
         num_running=dict(running), num_waiting=dict(waiting), kv_cache_usage=s.kv.usage(),
-        num_preemptions=dict(s.books.preemptions),
+        num_preemptions=dict(s.requests.preemptions),
+        kv_swapped_bytes=s.requests.swapped_out_bytes,
+        kv_recomputed_tokens=s.requests.dropped_tokens,
         slo_attainment={p.label: c.attainment for p, c in s.books.slo.items()},
         device_busy_ratio={d: min(1.0, s.exec.busy_s(d) / wall) for d in s.devices},
-        simulation_seconds=rounds, estimator_mape=mape, healthy=s.exec.healthy)
+        round_seconds=s.books.rounds.copy(), estimator_mape=mape,
+        errors_total=s.health.errors_total, healthy=problem is None, health_detail=problem)

@@ -20,6 +20,12 @@ def _seed_torch() -> None:
     torch.manual_seed(0)
 
 
+@pytest.fixture(autouse=True)
+def _data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every app a test starts keeps its Batch API state in the test's own folder."""
+    monkeypatch.setenv("SLICEGATE_DATA_DIR", str(tmp_path / "slicegate-data"))
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
     """A tiny random Llama folder (tied embeddings), cached across sessions."""

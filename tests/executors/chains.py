@@ -15,7 +15,7 @@ from executors.executor import Executor, RunOp, link
 from executors.memory import MemoryLedger
 from executors.runner import ModelRunner
 from executors.types import Device, OpInstance, OpRole, OpState, Priority
-from models.batch import Batch, BatchShape, SeqSpec, build_batch
+from models.batch import Batch, BatchShape, BatchSource, SeqSpec, build_batch
 from models.kv_cache import KVCache, blocks_for
 from models.loader import Model
 from models.sampling_params import SamplingParams
@@ -104,7 +104,7 @@ def chain_ops(model: Model, batch: Batch, placement: list[str],
     for t in model.template.ops:
         dev = placement[t.index]
         op = OpInstance(next(_ids), t.name, OpRole.COMPUTE, t.index, dev, priority, batch.shape,
-                        (rid,), batch=batch)
+                        (rid,), batch=BatchSource.of(batch, BLOCK))
         if prev is not None and prev.device != dev:
             nbytes = model.template.ops[prev.template_index].output_bytes(batch.shape)
             recv = OpInstance(next(_ids), "recv", OpRole.RECV, -1, dev, priority, batch.shape,

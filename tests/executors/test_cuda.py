@@ -8,7 +8,7 @@ import torch
 from executors.cuda import CudaExecutor
 from executors.executor import Executor, link
 from executors.types import Device, OpInstance, OpRole, OpState
-from models.batch import build_batch
+from models.batch import BatchSource, build_batch
 from models.generate import run_chain
 from models.loader import Model
 from tests.executors.chains import BLOCK, Sink, chain_ops, make_rig, prefill, prompts
@@ -41,7 +41,7 @@ def _chain_split_between_cpu_and_cuda_matches_cpu(tiny_model: Model) -> None:
     ops = chain_ops(tiny_model, batch, ["cpu:0", "cuda:0", "cuda:0", "cpu:0"])
     for op in ops:
         if op.device == "cuda:0" and op.role is OpRole.COMPUTE:
-            op.batch = gpu_batch
+            op.batch = BatchSource.of(gpu_batch, BLOCK)
     sink = Sink()
     exs = {"cpu:0": Executor(Device("cpu:0", 1 << 30), rig.runner, sink, None),
            "cuda:0": CudaExecutor(Device("cuda:0", 1 << 30), rig.runner, sink, None)}

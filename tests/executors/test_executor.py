@@ -148,3 +148,36 @@ async def test_completions_are_delivered_on_the_event_loop() -> None:
         ex.stop()
     assert got is op and thread_id == threading.get_ident() and op.state is OpState.DONE
     assert op.start is not None and op.end is not None and op.start <= op.end
+
+
+class _Fatal(BaseException):
+    """Escapes the per-op fault handler, as a dying interpreter thread would."""
+
+
+def test_a_dying_executor_fails_every_op_it_holds_and_refuses_new_ones() -> None:
+    started = threading.Event()
+
+    def run_op(op: OpInstance) -> None:
+        if op.name == "fatal":
+            started.set()
+            raise _Fatal()
+
+    sink = Sink()
+    ex = Executor(Device("cpu:0", 1 << 20), run_op, sink, None)
+    fatal = plain_op("cpu:0", Priority.HIGH, name="fatal")
+    queued = [plain_op("cpu:0", Priority.LOW, name=f"q{i}") for i in range(3)]
+    ex.enqueue(fatal)
+    for op in queued:
+        ex.enqueue(op)
+    ex.start()
+    try:
+        sink.wait_finished([fatal, *queued])
+        assert not ex.alive
+        assert all(op.state is OpState.FAILED and "died" in str(op.error)
+                   for op in [fatal, *queued])
+        late = plain_op("cpu:0")
+        ex.enqueue(late)
+        sink.wait_finished([late])
+        assert late.state is OpState.FAILED and "dead" in str(late.error)
+    finally:
+        ex.stop()

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import pytest
 
 from gateway.__main__ import build_parser, config_from_args, main
+from gateway.batches.service import lock_data_dir
 from gateway.config import ConfigError, GatewayConfig, ServerSettings, load_config
 from tests.gateway.harness import TENANTS_YAML
 
@@ -20,6 +22,19 @@ async def test_defaults() -> None:
     assert config.scheduler.devices == ("cpu:0", "cpu:1")  # no GPU on the test machine
     assert (config.server.host, config.server.port) == ("127.0.0.1", 8000)
     assert not config.tenants.auth_enabled
+    assert config.batch.data_dir is None and config.batch.max_file_lines == 50_000
+
+
+async def test_data_dir_from_flag_env_or_user_data_dir(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    args = build_parser().parse_args(["serve", "--data-dir", str(tmp_path / "d")])
+    assert config_from_args(args).batch.resolved_data_dir == str(tmp_path / "d")
+    monkeypatch.setenv("SLICEGATE_DATA_DIR", str(tmp_path / "env"))
+    assert GatewayConfig().batch.resolved_data_dir == str(tmp_path / "env")
+    monkeypatch.delenv("SLICEGATE_DATA_DIR")
+    assert GatewayConfig().batch.resolved_data_dir.endswith("slicegate")
+    with pytest.raises(ConfigError, match="batch.max_waiting"):
+        load_config(None, {"batch.max_waiting": 0})
 
 
 async def test_yaml_file_then_cli_overrides(tmp_path: Path) -> None:
@@ -35,6 +50,9 @@ async def test_yaml_file_then_cli_overrides(tmp_path: Path) -> None:
     config = config_from_args(args)
     assert config.model.spec == "tiny-random" and config.model.max_model_len == 512
     assert config.served_model_name == "m"
+    assert config.model.generation_config == "auto"  # as vLLM: the model folder's defaults
+    none = config_from_args(build_parser().parse_args(["serve", "--generation-config", "none"]))
+    assert none.model.generation_config == "none"
     assert config.scheduler.devices == ("cpu:3",) and config.scheduler.policy == "fcfs"
     assert config.server.port == 9100 and config.server.drain_timeout_s == 5
     assert config.tenants.tenant_for("sk-ide-1") is not None
@@ -57,6 +75,7 @@ async def test_toml_file(tmp_path: Path) -> None:
     ("server: {port: 70000}\n", "server.port"),
     ("server: {drain_timeout_s: 0}\n", "server.drain_timeout_s"),
     ("model: 5\n", "model: expected a mapping"),
+    ("model: {generation_config: ''}\n", "model.generation_config"),
 ])
 async def test_invalid(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "bad.yaml"
@@ -79,3 +98,13 @@ async def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert f"{bad}:4: tenants[0].priority" in capsys.readouterr().err
     assert main(["serve", "--model", "no/such-model", "--port", "0"]) == 1
     assert "no/such-model" in capsys.readouterr().err
+
+
+async def test_serve_refuses_a_data_dir_another_server_holds(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    held = lock_data_dir(tmp_path / "data")
+    try:
+        assert main(["serve", "--data-dir", str(tmp_path / "data")]) == 2
+    finally:
+        os.close(held)
+    assert "another slicegate server uses the data dir" in capsys.readouterr().err

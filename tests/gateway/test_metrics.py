@@ -13,7 +13,8 @@ NAMES = (
     "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
     "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
     "vllm:num_preemptions_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
-    "slicegate_slo_attainment", "slicegate_device_busy_ratio", "slicegate_simulation_seconds",
+    "slicegate_slo_attainment", "slicegate_device_busy_ratio", "slicegate_scheduler_round_seconds",
+    "slicegate_scheduler_errors_total",
     "slicegate_estimator_mape", "slicegate_tenant_ttft_slo_seconds",
 )
 

@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,9 +12,10 @@ import httpx
 import openai
 import pytest
 
+from tests.serve import GatewayProcess
+
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
-REPO = Path(__file__).resolve().parents[2]
 ADMIN = {"Authorization": "Bearer sk-admin-1"}
 TENANTS = """admin_keys: [sk-admin-1]
 tenants:
@@ -32,43 +29,18 @@ tenants:
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+class Server(GatewayProcess):
+    """The gateway on the tiny model with the tenants above."""
 
-
-class Server:
     def __init__(self, tmp: Path) -> None:
         (tmp / "tenants.yaml").write_text(TENANTS)
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "gateway", "serve", "--model", "tiny-random",
-               "--dtype", "float32", "--device-memory-gib", "0.25", "--port", str(self.port),
-               "--tenants", str(tmp / "tenants.yaml"), "--log-level", "warning"]
-        self.proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"},
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, self.proc.stderr.read()  # type: ignore[union-attr]
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError("server did not become healthy")
+        super().__init__(["--model", "tiny-random", "--dtype", "float32",
+                          "--device-memory-gib", "0.25", "--tenants", str(tmp / "tenants.yaml"),
+                          "--log-level", "warning"], tmp / "server.log")
 
     def kv_blocks_used(self) -> int:
         gmg = httpx.get(f"{self.url}/admin/gmg", headers=ADMIN, timeout=5).json()
         return sum(d["kv_blocks_used"] for d in gmg["devices"])
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        if self.proc.stderr is not None:
-            self.proc.stderr.close()
 
 
 @pytest.fixture

@@ -49,7 +49,12 @@ async def test_gmg_and_timeline(gateway: Harness) -> None:
     timeline = (await gateway.client.get(f"/admin/timeline?since={before}")).json()
     events = timeline["events"]
     assert len(events) == 3 and {"device", "op", "class", "start", "end"} <= set(events[0])
+    assert all(e["tenants"] == ["default"] for e in events)  # request ids -> their tenant
+    [finished] = timeline["requests"]
+    assert (finished["tenant"], finished["priority"], finished["slo_s"]) == (
+        "default", "high", None)
+    assert 0 <= finished["ttft_s"] <= finished["end"] - before
     later = (await gateway.client.get(f"/admin/timeline?since={timeline['now']}")).json()
-    assert later["events"] == []
+    assert later["events"] == [] and later["requests"] == []
     bad = await gateway.client.get("/admin/timeline?since=yesterday")
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "since"

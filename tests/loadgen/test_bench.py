@@ -34,10 +34,10 @@ def test_headline_table_ratios_and_failed_rows() -> None:
         "slice": RunOutcome("slice", _summary(0.995, 150.0, 196.0)),
         "vllm": RunOutcome.failed("vllm", "exited with code 1 before it was ready:\nno CPU"),
     }
-    table = headline_table(outcomes, ["fcfs", "slice", "vllm", "transformers"])
-    assert len(table) == 6 and all(line.count("|") == 11 for line in table)
-    assert "| fcfs | 80.0% (300) | 100 / 300 | 100.0 | 1.00× | 200.0 | 1.00× | 50% | 0 |" in (
-        table[2])
+    table = headline_table(outcomes, ["fcfs", "slice", "vllm", "transformers"], alone_p90=0.1)
+    assert len(table) == 6 and all(line.count("|") == 12 for line in table)
+    assert ("| fcfs | 80.0% (300) | 100 / 200 / 300 | 2.00× | 100.0 | 1.00× | 200.0 | 1.00× "
+            "| 50% | 0 |") in table[2]
     assert "| 150.0 | 1.50× | 196.0 | 0.98× |" in table[3]
     assert "| vllm | did not run: exited with code 1 before it was ready: no CPU |" in table[4]
     assert "| transformers | did not run: not requested (see --peers) |" in table[5]
@@ -46,14 +46,16 @@ def test_headline_table_ratios_and_failed_rows() -> None:
 def test_goals_are_checked_where_their_runs_ran() -> None:
     outcomes = {
         "fcfs": RunOutcome("fcfs", _summary(0.8, 100.0, 200.0)),
-        "static": RunOutcome("static", _summary(1.0, 120.0, 150.0)),
-        "slice": RunOutcome("slice", _summary(0.995, 150.0, 196.0)),
+        "slice": RunOutcome("slice", _summary(0.995, 94.0, 196.0)),
     }
-    lines = goal_lines(outcomes)
-    assert lines[0].endswith("99.5% >= 99% over 300 (>= 300) requests: met")
-    assert lines[1].endswith("(0.98×): met")
-    assert lines[2].endswith("(1.25×): MISSED")
-    assert lines[3].endswith("not checked (a run it needs is missing)")
+    lines = goal_lines(outcomes, "slice-alone", 0.18)
+    assert lines[0].endswith("99.5% >= 99% over 300 requests: met")
+    assert lines[1].endswith("p90 <= 1.2x slice alone (1.11×): met")
+    assert lines[2].endswith("total tok/s >= 0.97x fcfs (0.98×): met")
+    assert lines[3].endswith("batch tok/s >= 0.95x fcfs (0.94×): MISSED")
+    assert lines[4].endswith("not checked (a run it needs is missing)")
+    assert goal_lines(outcomes, "static-alone", 0.18)[1].endswith("not checked (a run it "
+                                                                   "needs is missing)")
     assert goal_lines({}) == ["- slice did not run: no goal can be checked."]
 
 
@@ -88,6 +90,10 @@ def test_config_errors() -> None:
         BenchConfig(out=Path("x"), policies=("slice",))
     with pytest.raises(ValueError, match="unknown peer 'tgi'"):
         BenchConfig(out=Path("x"), peers=("tgi",))
+    with pytest.raises(ValueError, match="--slo-factor"):
+        BenchConfig(out=Path("x"), slo_factor=0)
+    with pytest.raises(ValueError, match="unknown recipe 'loose'"):
+        BenchConfig(out=Path("x"), recipe="loose")
 
 
 def test_bench_of_two_policies_on_the_stub_server(tmp_path: Path) -> None:
@@ -98,6 +104,7 @@ def test_bench_of_two_policies_on_the_stub_server(tmp_path: Path) -> None:
         peers_dir=tmp_path / "no-peers", **TINY_WORKLOAD)
     doc = run_bench(config)
     assert doc["slo_s"] is not None and doc["slo_source"].startswith("p90 TTFT")
+    assert doc["slo_s"] == doc["alone_hp_ttft_p90_s"]
     assert set(doc["runs"]) == {"static-alone", "fcfs", "static", "vllm"}
     for name in ("static-alone", "fcfs", "static"):
         run = doc["runs"][name]
@@ -113,6 +120,18 @@ def test_bench_of_two_policies_on_the_stub_server(tmp_path: Path) -> None:
     assert (out / "bench_ttft_cdf.png").is_file() and (out / "bench_idle_slices_cdf.png").is_file()
     tenants = (out / "runs" / "fcfs" / "tenants.yaml").read_text()
     assert f"ttft_slo_ms: {max(1, round(doc['slo_s'] * 1000))}" in tenants
+
+
+def test_the_slo_can_come_from_slice_alone_with_a_margin(tmp_path: Path) -> None:
+    config = BenchConfig(
+        out=tmp_path / "bench", policies=("fcfs",), peers=(), model="tiny-random",
+        serve_cmd=(sys.executable, "-m", "loadgen", "stub", "--step-ms", "2"),
+        alone_policy="slice", slo_factor=1.2, **TINY_WORKLOAD)
+    doc = run_bench(config)
+    assert set(doc["runs"]) == {"slice-alone", "fcfs"}
+    assert doc["slo_s"] == pytest.approx(1.2 * doc["alone_hp_ttft_p90_s"])
+    assert doc["slo_source"] == "1.2 x p90 TTFT of interactive alone under slice"
+    assert "| slice-alone |" in (tmp_path / "bench" / "bench.md").read_text()
 
 
 def test_bench_of_two_policies_on_slicegate(tmp_path: Path) -> None:

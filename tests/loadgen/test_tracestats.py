@@ -37,6 +37,9 @@ def test_traces_cli(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert "azure_small.csv | 4 |" in out and "| synthetic-coding |" in out
     assert main([str(_bad_csv(tmp_path))]) == 2
     assert "bad.csv, line 2: bad TIMESTAMP" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])  # not a trace called "--help"
+    assert info.value.code == 0 and "TRACE" in capsys.readouterr().out
 
 
 def _bad_csv(tmp_path: Path) -> Path:

@@ -12,6 +12,7 @@ from models import default_model
 from models.default_model import (
     COMPLETE_MARKER,
     DEFAULT_DIR_NAME,
+    RECOMMENDED_SAMPLING,
     ChecksumError,
     prepare_default,
     verify_sha256,
@@ -23,7 +24,18 @@ def test_config_is_plain_llama(default_model_dir: Path) -> None:
     assert config["model_type"] == "llama"
     assert config["num_hidden_layers"] == 30
     assert "quantization_config" not in config
-    assert (default_model_dir / "generation_config.json").is_file()
+    generation = json.loads((default_model_dir / "generation_config.json").read_text())
+    assert generation["eos_token_id"] == 2  # kept from the GGUF
+    assert {k: generation[k] for k in RECOMMENDED_SAMPLING} == RECOMMENDED_SAMPLING
+
+
+def test_generation_defaults_merge_into_the_file(tmp_path: Path) -> None:
+    default_model.add_generation_defaults(tmp_path, {"temperature": 0.2})
+    assert json.loads((tmp_path / "generation_config.json").read_text()) == {"temperature": 0.2}
+    (tmp_path / "generation_config.json").write_text('{"eos_token_id": 2, "temperature": 1.0}')
+    default_model.add_generation_defaults(tmp_path, {"temperature": 0.2, "top_p": 0.9})
+    merged = json.loads((tmp_path / "generation_config.json").read_text())
+    assert merged == {"eos_token_id": 2, "temperature": 0.2, "top_p": 0.9}
 
 
 def test_tokenizer_round_trips(default_model_dir: Path) -> None:

@@ -158,6 +158,10 @@ def test_json_round_trip_keeps_predictions_and_errors() -> None:
     assert back.mape() == est.mape() and back.meta == {"model": "x"}
 
 
+SMALL = Sweep(prefill_tokens=(4, 12), chunks=((4, 8),), decode_batches=(1, 3),
+              decode_contexts=(8, 24), transfer_tokens=(1, 8, 32), repeats=1)
+
+
 def test_profile_is_cached_on_disk(tiny_model_dir: Path, tmp_path: Path,
                                    monkeypatch: pytest.MonkeyPatch) -> None:
     model = load(tiny_model_dir, dtype="float32", layers_per_group=2)
@@ -178,7 +182,46 @@ def test_profile_is_cached_on_disk(tiny_model_dir: Path, tmp_path: Path,
         assert again.op_time("cpu:1", t.name, shape) == first.op_time("cpu:0", t.name, shape) > 0
     assert again.transfer_time("cpu:1", "cpu:0", 4096) == first.transfer_time("cpu:0", "cpu:1",
                                                                                4096) > 0
-    load_or_profile(model, ["cpu:0"], tmp_path, sweep, refresh=True)
+    load_or_profile(model, ["cpu:0", "cpu:1"], tmp_path, sweep, refresh=True)
     other = load(tiny_model_dir, dtype="float32", layers_per_group=1)
-    load_or_profile(other, ["cpu:0"], tmp_path, sweep)
+    load_or_profile(other, ["cpu:0", "cpu:1"], tmp_path, sweep)
     assert len(calls) == 3 and len(list((tmp_path / "estimators").glob("*.json"))) == 2
+
+
+def test_a_one_device_fit_is_never_read_back_for_two_devices(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    model = load(tiny_model_dir, dtype="float32", layers_per_group=2)
+    one = load_or_profile(model, ["cpu:0"], tmp_path, SMALL)
+    assert not one.transfers
+    two = load_or_profile(model, ["cpu:0", "cpu:1"], tmp_path, SMALL)
+    assert ("cpu", "cpu") in two.transfers and not two.missing_pairs
+    assert len(list((tmp_path / "estimators").glob("*.json"))) == 2
+
+
+def test_an_unprofiled_pair_is_priced_by_the_fallback_and_handed_out_once() -> None:
+    est = Estimators({"cpu:0": "cpu", "cpu:1": "cpu"})
+    est.copy_bandwidth_bytes_s = 8e9  # the fallback assumes a quarter of it
+    t = est.transfer_time("cpu:0", "cpu:1", 2_000_000)
+    assert t == pytest.approx(2_000_000 / 2e9 + 1e-4)
+    assert est.take_pairs_to_profile() == [("cpu:0", "cpu:1")]
+    est.transfer_time("cpu:0", "cpu:1", 10)
+    assert est.take_pairs_to_profile() == []
+    est.fit_transfer("cpu:0", "cpu:1", [10, 10_000, 1_000_000], [1e-6, 2e-6, 2e-5])
+    assert est.transfer_time("cpu:0", "cpu:1", 1_000_000) == pytest.approx(2e-5, rel=0.05)
+
+
+def test_an_unprofiled_device_kind_gets_the_flop_fallback_and_learns_from_it(
+        tiny_model_dir: Path) -> None:
+    model = load(tiny_model_dir, dtype="float32", layers_per_group=2)
+    est = Estimators({"cuda:0": "Some GPU"})
+    shape = BatchShape(64, 1, 1, 64 * 64, 64)
+    with pytest.raises(KeyError):
+        est.op_time("cuda:0", "layers[0:2]", shape)
+    est.fallback_op = profiling.fallback_coefficients(model.template, 1e9, flops_per_s=1e10)
+    layers = model.template.ops[1]
+    want = layers.flops(shape) / 1e10 + (layers.weight_bytes + 64 * layers.kv_bytes_per_token) / 1e9
+    assert est.op_time("cuda:0", "layers[0:2]", shape) == pytest.approx(want, rel=1e-6)
+    assert est.missing_ops == {("Some GPU", "layers[0:2]")}
+    for _ in range(50):
+        est.observe_op("cuda:0", "layers[0:2]", shape, 0.5 * want)
+    assert est.op_time("cuda:0", "layers[0:2]", shape) == pytest.approx(0.5 * want, rel=0.05)

@@ -11,7 +11,7 @@ from executors.types import Priority
 from models.generate import generate
 from models.sampling_params import SamplingParams
 from scheduler.ieg import FinishReason, Overloaded, Request, RequestTooLarge
-from scheduler.registry import POLICIES
+from scheduler.policies import POLICIES
 from tests.scheduler.conftest import make_scheduler
 
 GREEDY = SamplingParams(temperature=0, max_tokens=10)

@@ -52,19 +52,19 @@ async def _scheduled(sched: Scheduler, prompt: list[int], n: int, block: int) ->
 
 
 async def _case(model: Model, sched: Scheduler, ctx: int, total: int, block: int) -> dict:
-    prompt = [(31 * j) % 40000 + 5 for j in range(ctx)]
+    prompt = [(31 * j) % (model.config.vocab_size - 10) + 5 for j in range(ctx)]
     kv = model.new_kv_cache(blocks_for(ctx + 1, 16) + 1, 16)
     a, b = [], []
     for k in range(total // block):
         a.append(_direct(model, kv, prompt, block))
         b.append(await _scheduled(sched, prompt, block, k))
     ma, mb = statistics.median(a), statistics.median(b)
-    return {"context": ctx, "requests": total, "direct_s": ma, "scheduled_s": mb,
+    return {"context": ctx, "requests": len(b) * block, "direct_s": ma, "scheduled_s": mb,
             "overhead_ratio": (mb - ma) / ma}
 
 
 def one_thread(device: Device, run: RunOp, done: OnDone,
-               loop: asyncio.AbstractEventLoop) -> Executor:
+               loop: asyncio.AbstractEventLoop | None) -> Executor:
     return Executor(device, run, done, loop, intra_op_threads=1)
 
 
@@ -87,6 +87,9 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     p.add_argument("--block", type=int, default=50)
     p.add_argument("--json", type=Path, default=None)
     a = p.parse_args(argv)
+    if a.requests < 1 or a.block < 1:
+        p.error("--requests and --block must be >= 1")
+    a.block = min(a.block, a.requests)  # NOTE: fewer requests than a block: one block of them
     torch.set_num_threads(1)  # the executor's worker uses one intra-op thread too
     model = load(a.model, dtype=a.dtype)
     rows = asyncio.run(_run(model, a.requests, a.block))

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
-from scheduler.bench_policies import main, medians, repeated
+from loadgen import public_traces
+from scheduler.__main__ import main as scheduler_main
+from scheduler.bench import policies
+from scheduler.bench.policies import goal_lines, main, medians, repeated
 
 
 def _row(lp: float, total: float) -> dict[str, float]:
@@ -28,18 +32,37 @@ def test_ratios_are_taken_within_a_repeat_then_medianed() -> None:
     ]
     rows = medians(runs)
     assert rows["slice"]["total_vs_fcfs"] == pytest.approx(0.98)  # of 0.95, 0.98, 1.0
-    assert rows["slice"]["lp_vs_static"] == pytest.approx(1.75)  # of 1.8, 1.3, 1.75
+    assert rows["slice"]["lp_vs_fcfs"] == pytest.approx(0.9)  # of 0.9, 0.975, 0.7
     assert rows["slice"]["total_tok_s"] == 150  # the median figure itself
     assert rows["fcfs"]["total_vs_fcfs"] == 1.0
-    # NOTE: a ratio of medians would say 150/150 = 1.0 for total and 78/50 = 1.56 for LP
+    # NOTE: a ratio of medians would say 150/150 = 1.0 for total and 78/100 = 0.78 for LP
 
 
 def test_ratio_without_its_baseline_is_nan() -> None:
     rows = medians([{"slice": _row(1, 1)}])
     assert math.isnan(rows["slice"]["total_vs_fcfs"])
-    assert math.isnan(rows["slice"]["lp_vs_static"])
+    assert math.isnan(rows["slice"]["lp_vs_fcfs"])
+
+
+def test_goals_are_checked_on_the_medians() -> None:
+    rows = medians([{"fcfs": _row(100, 200), "slice": _row(96, 193)}])
+    assert goal_lines(rows) == [
+        "- slice: HP SLO attainment 100.0% >= 99%: met",
+        "- slice: total tok/s 0.96x fcfs >= 0.97x: MISSED",
+        "- slice: LP tok/s 0.96x fcfs >= 0.95x: met"]
+    assert goal_lines({}) == ["- slice did not run: no goal can be checked"]
 
 
 def test_repeats_must_be_positive() -> None:
     with pytest.raises(SystemExit):
         main(["--repeats", "0"])
+
+
+def test_without_the_trace_it_fails_before_loading_the_model(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(public_traces.TRACES_ENV, str(tmp_path))
+    monkeypatch.setattr(public_traces, "_BESIDE_REPO", tmp_path / "none")
+    monkeypatch.setattr(policies, "load", lambda *a, **k: pytest.fail("loaded a model"))
+    with pytest.raises(SystemExit) as info:
+        scheduler_main(["bench", "policies"])
+    assert "error: python -m scheduler bench policies replays the Azure LLM" in str(info.value)

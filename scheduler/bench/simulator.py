@@ -15,14 +15,17 @@ from executors.types import Device, OpInstance, OpRole, Priority
 from models.batch import BatchShape
 from models.loader import Model, load
 from models.sampling_params import SamplingParams
-from scheduler.batching import split
+from scheduler.bench.policies import Workload, run_policy
 from scheduler.config import SchedulerConfig
+from scheduler.decision import Admission
 from scheduler.estimators import Estimators
 from scheduler.factory import build_scheduler, parse_devices
 from scheduler.gmg import GMG
 from scheduler.ieg import Request
 from scheduler.kv import KVManager
 from scheduler.plan import Feed, Plan, to_candidate
+from scheduler.policies.common import split
+from scheduler.policies.slice import Recorder, SlicePolicy
 from scheduler.profiling import load_or_profile
 from scheduler.scheduler import Scheduler
 from scheduler.simulator import Candidate, simulate
@@ -75,7 +78,6 @@ CALIBRATION = [(448, "cpu:1"), (160, "cpu:0"), (288, "cpu:1"), (352, "cpu:0"), (
 async def _workload(sched: Scheduler, tag: str, sizes: list[tuple[int, str]] = SIZES
                     ) -> tuple[list[float], list[float]]:
     """Predict the mixed batch workload, then run it: (predicted, actual) finish per request."""
-    ctx = sched._context()
     n_ops, plans = len(sched.model.template.ops), []
     for i, (n, where) in enumerate(sizes):
         prompt = [(31 * j + i) % 40000 + 5 for j in range(n)]
@@ -83,17 +85,17 @@ async def _workload(sched: Scheduler, tag: str, sizes: list[tuple[int, str]] = S
                                   SamplingParams(temperature=0, max_tokens=1)), [])
         at = 1 + (n_ops - 2) // 2
         placement = (where,) * n_ops if where != "split" else split("cpu:0", "cpu:1", at, n_ops)
-        sched.states[st.rid] = st
-        ctx.admit(st, placement)
-        plans.append(Plan(st.priority, placement, [[Feed(st, prompt, 0)]]))
-    built = [sched.builder.build(p, tensors=False) for p in plans]
+        sched.requests.add(st)
+        sched.requests.admit(Admission(st.rid, placement, n + 1))
+        plan = Plan(st.priority, placement, [[Feed(st.view(), 0, n)]])
+        plans.append(sched.builder.build(plan))
     now = time.monotonic()
-    merged = Candidate(tuple(o for p in built for o in to_candidate(p, {}).ops))
+    merged = Candidate(tuple(o for p in plans for o in to_candidate(p, {}).ops))
     pred = simulate(sched.gmg.snapshot(now), merged)
-    predicted = [pred.finish[b.finals[-1].op_id] - now for b in built]
+    predicted = [pred.finish[p.finals[-1].op_id] - now for p in plans]
     t0 = time.monotonic()
-    for p in built:
-        sched._issue(p)  # NOTE: rebuilds the same plan; op ids differ, so map by position
+    for p in plans:
+        sched._issue(p, now)  # NOTE: the very ops that were predicted
     for _ in range(6000):
         if all(not s.in_flight for s in sched.states.values()):
             break
@@ -135,24 +137,22 @@ def accuracy(model_spec: str, devices: list[Device], repeats: int, calibrate: in
 
 def rounds(model_spec: str, devices: list[Device], seconds: float) -> dict[str, float]:
     """Record the slice policy's simulations in a live run, replay them in this quiet process."""
-    from scheduler import slice_policy
-    from scheduler.bench_policies import Workload, run_policy
     model = load(model_spec, dtype="bfloat16")
     est = load_or_profile(model, devices)
-    calls: list[tuple[int, object, object]] = []
-    live: list[float] = []
-    recorder = slice_policy.Recorder(calls, live)
-    slice_policy.RECORDER = recorder
-    try:
-        w = Workload(hp_requests=int(seconds * 1.2), rate_scale=0.5)
-        run_policy(model, est, "slice", w, ",".join(d.name for d in devices),
-                   devices[0].memory_bytes / 2**30, 1.0, with_lp=True)
-    finally:
-        slice_policy.RECORDER = None
+    recorder = Recorder()
+
+    def record(sched: Scheduler) -> None:
+        assert isinstance(sched.policy, SlicePolicy)
+        sched.policy.recorder = recorder
+
+    w = Workload(hp_requests=int(seconds * 1.2), rate_scale=0.5)
+    run_policy(model, est, "slice", w, ",".join(d.name for d in devices),
+               devices[0].memory_bytes / 2**30, 1.0, with_lp=True, on_scheduler=record)
+    live = recorder.round_s
     per_round: dict[int, float] = {}
-    for rnd, snap, cand in calls:
+    for rnd, snap, cand in recorder.calls:
         t0 = time.perf_counter()
-        simulate(snap, cand)  # type: ignore[arg-type]
+        simulate(snap, cand)
         per_round[rnd] = per_round.get(rnd, 0.0) + time.perf_counter() - t0
     replay = sorted(per_round.values()) or [0.0]
     live_sorted = sorted(live) or [0.0]

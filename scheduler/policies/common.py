@@ -1,0 +1,115 @@
+"""What every policy needs: placements, per-class decode steps, prefill feeds, preemption."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+
+from executors.types import Priority
+from scheduler.draft import Draft
+from scheduler.plan import Feed, Plan
+from scheduler.requestview import Placement, RequestView
+
+PriorityOf = Callable[[RequestView], Priority]
+
+
+def single(device: str, num_ops: int) -> Placement:
+    return (device,) * num_ops
+
+
+def split(first: str, second: str, at: int, num_ops: int) -> Placement:
+    """Ops [0, at) on `first`, the rest on `second`."""
+    return (first,) * at + (second,) * (num_ops - at)
+
+
+def decode_plans(draft: Draft, priority_of: PriorityOf) -> list[Plan]:
+    """Decode steps of runnable requests: one batch per placement, at its lowest member's class.
+
+    Each member first grows its KV to hold its next token (`make_room` preempts for it when
+    a device is full). NOTE: a decode step costs mostly its weight reads (`models bench`:
+    a step of 8 sequences takes about 1.5x one of 1), so the classes of a placement share
+    one step rather than paying for one step each. The step runs at the class of its lowest
+    member, so a low-priority decode never runs at a higher class than its own and a
+    high-priority prefill waits for at most one of its operators per device; the price is
+    that a high-priority request decoding beside low ones decodes at their pace. A
+    placement with a step in flight is skipped, so newcomers join the next step instead of
+    fragmenting it.
+    """
+    ready = sorted((r for r in draft.runnable() if not r.is_prefilling and r.placement
+                    and not draft.decoding(r.placement)),
+                   key=lambda r: (priority_of(r), r.arrival_s))
+    groups: dict[Placement, list[RequestView]] = defaultdict(list)
+    for r in ready:
+        if draft.is_runnable(r.rid) and make_room(draft, r, r.num_tokens):
+            groups[r.placement].append(r)  # type: ignore[index]
+    plans = []
+    size = draft.view.cfg.max_decode_seqs
+    for placement, members in groups.items():
+        members = [r for r in members if draft.is_runnable(r.rid)]  # not preempted since
+        for i in range(0, len(members), size):
+            part = members[i:i + size]
+            feeds = [Feed(r, r.num_computed, 1) for r in part]
+            plans.append(Plan(max(priority_of(r) for r in part), placement, [feeds]))
+    return sorted(plans, key=lambda p: p.priority)
+
+
+def make_room(draft: Draft, req: RequestView, num_tokens: int) -> bool:
+    """Grow `req`'s KV to `num_tokens`, preempting runnable requests of its class or lower on
+    its devices (lowest class, then newest, first) until the blocks are there.
+
+    When `req` itself is next in that order it gives its KV up, unless a lower class holds
+    blocks on its devices in a plan in flight: then it waits (blocked) for those to become
+    runnable and be preempted for it, as a higher class never yields to a lower one.
+    False when `req` was preempted or waits."""
+    devices = set(req.placement or ())
+    while not draft.grow(req, num_tokens):
+        victims = [v for v in draft.runnable() if v.priority >= req.priority
+                   and devices & set(v.placement or ())]
+        victim = max(victims, key=lambda v: (v.priority, v.arrival_s))
+        if victim.rid == req.rid and any(v.priority > req.priority
+                                         and devices & set(v.placement or ())
+                                         for v in draft.view.running):
+            draft.block(req)
+            return False
+        draft.preempt(victim, f"kv for {req.rid}")
+        if victim.rid == req.rid:
+            return False
+    return True
+
+
+def issue_plan(draft: Draft, plan: Plan) -> None:
+    """Build `plan`'s ops and add it to the draft; if that raises, its requests fail."""
+    draft.attempt(plan.rids, lambda: draft.issue(draft.view.builder.build(plan)))
+
+
+def prefill_feed(req: RequestView, max_tokens: int) -> Feed:
+    """The next chunk of what is not in KV yet, at most `max_tokens`."""
+    return Feed(req, req.num_computed, min(max_tokens, req.num_tokens - req.num_computed))
+
+
+def chunk_feeds(req: RequestView, chunk_tokens: int, num_chunks: int) -> list[list[Feed]]:
+    """A prefill cut into `num_chunks` consecutive chunks (a chunked pipeline)."""
+    todo = min(chunk_tokens * num_chunks, req.num_tokens - req.num_computed)
+    size = -(-todo // num_chunks)
+    return [[Feed(req, req.num_computed + i, min(size, todo - i))]
+            for i in range(0, todo, size)]
+
+
+def preempt_for(draft: Draft, device: str, req: RequestView) -> int:
+    """Preempt runnable requests of a lower class on `device` (newest first) until `req`'s KV
+    fits there; returns how many. Preempts nobody when even all of them would not do."""
+    victims = sorted((v for v in draft.runnable() if v.priority > req.priority
+                      and v.placement is not None and device in v.placement),
+                     key=lambda v: -v.arrival_s)
+    need = draft.blocks_needed(draft.admission_tokens(req)) + \
+        draft.view.kv_watermark_blocks.get(device, 0)
+    held = sum(v.blocks_held(device) for v in victims)
+    if draft.free_blocks(device) + held < need:
+        return 0
+    count = 0
+    for v in victims:
+        if draft.free_blocks(device) >= need:
+            break
+        draft.preempt(v, f"kv for {req.rid}")
+        count += 1
+    return count

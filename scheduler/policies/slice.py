@@ -1,0 +1,279 @@
+"""`slice`: the full design. Placements chosen by what-if simulation of the GMG.
+
+Each round: high-priority prefills by earliest TTFT deadline (then normal),
+each placed on the candidate partition (one device, a layer split over two,
+or a chunked pipeline over that split) with the earliest predicted first
+token that keeps its deadline; then decode steps, one per class; then
+low-priority prefills, packed into one plan per device of at most as many
+tokens as keep one layer group well inside the tightest SLO, each issued
+only if the simulation predicts that no request with a TTFT deadline misses
+it because of that batch. OOM candidates are discarded, never tried.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from functools import partial
+
+from executors.types import Priority
+from models.batch import BatchShape
+from scheduler.decision import RoundDecision
+from scheduler.draft import Draft
+from scheduler.gmg import Snapshot
+from scheduler.plan import Feed, Plan
+from scheduler.policies.common import (
+    chunk_feeds,
+    decode_plans,
+    issue_plan,
+    preempt_for,
+    prefill_feed,
+    single,
+    split,
+)
+from scheduler.requestview import Placement, RequestView
+from scheduler.simulator import Candidate, Prediction, simulate
+from scheduler.view import RoundView
+
+CHUNK_COUNTS = (2, 4)  # chunked-pipeline candidates
+MIN_PIPELINE_TOKENS = 128  # shorter prompts are not worth a split
+
+
+@dataclass(slots=True)
+class Recorder:
+    """Benchmark hook: every simulation of each round, and the rounds' decision times."""
+
+    calls: list[tuple[int, Snapshot, Candidate | None]] = field(default_factory=list)
+    round_s: list[float] = field(default_factory=list)
+    round: int = 0
+
+
+@dataclass(slots=True)
+class Scored:
+    plan: Plan
+    score: tuple[bool, float]  # (misses its deadline, predicted first token time)
+
+
+class SlicePolicy:
+    name = "slice"
+    uses_simulation = True
+
+    def __init__(self, recorder: Recorder | None = None) -> None:
+        self.recorder = recorder  # NOTE: set only by `python -m scheduler bench simulator`
+
+    def schedule(self, view: RoundView) -> RoundDecision:
+        t0 = time.perf_counter()
+        draft = Draft(view, self._simulate)
+        for prio in (Priority.HIGH, Priority.NORMAL):
+            self._urgent(draft, prio)
+        for r in draft.runnable():
+            if len(set(r.placement or ())) > 1 and not r.is_prefilling:
+                draft.attempt([r.rid], partial(self._migrate, draft, r))
+        for plan in decode_plans(draft, lambda r: r.priority):
+            draft.attempt(plan.rids, partial(self._decode, draft, plan))
+        self._low(draft)
+        if self.recorder is not None:
+            self.recorder.round_s.append(time.perf_counter() - t0)
+            self.recorder.round += 1
+        return draft.decision
+
+    def _simulate(self, snap: Snapshot, cand: Candidate | None) -> Prediction:
+        if self.recorder is not None:
+            self.recorder.calls.append((self.recorder.round, snap, cand))
+        return simulate(snap, cand)
+
+    # -- high / normal -----------------------------------------------------------------------
+    def _urgent(self, draft: Draft, prio: Priority) -> None:
+        budget = draft.view.cfg.max_batch_tokens
+        for r in [r for r in draft.runnable() if r.priority == prio and r.is_prefilling]:
+            assert r.placement is not None
+            issue_plan(draft, Plan(prio, r.placement, [[prefill_feed(r, budget)]]))
+        waiting = sorted(draft.waiting(prio),
+                         key=lambda r: (r.ttft_deadline or float("inf"), r.arrival_s))
+        for r in waiting:
+            placed = draft.attempt([r.rid], partial(self._place, draft, r))
+            if placed is False:
+                draft.hold_back()
+                break  # NOTE: nothing fits now; later arrivals of this class wait behind it
+
+    def _place(self, draft: Draft, r: RequestView) -> bool:
+        """Admit `r` and issue its best candidate; preempt lower classes for KV if needed."""
+        best = self._best(draft, r)
+        if best is None and any(preempt_for(draft, d, r) for d in draft.view.devices):
+            best = self._best(draft, r)
+        if best is None:
+            return False
+        draft.admit(r, best.plan.placement)
+        draft.issue(best.plan)
+        return True
+
+    def _best(self, draft: Draft, r: RequestView) -> Scored | None:
+        """The feasible candidate with the best (misses deadline, first token) score.
+
+        NOTE: whichever placement the simulation predicts first wins, split or not: a split
+        pins the request's KV (and so its decode steps) to both devices, but an interactive
+        request's first token is what its tenant waits for.
+        """
+        deadline = r.ttft_deadline
+        best: Scored | None = None
+        for placement, chunks in self._candidates(draft, r):
+            if not draft.can_reserve(placement, draft.admission_tokens(r)):
+                continue
+            plan = draft.view.builder.build(Plan(r.priority, placement, chunks))
+            pred = draft.simulate(plan)
+            if pred.oom:
+                continue
+            first = pred.first_token.get(r.rid, pred.end)
+            score = (deadline is not None and first > deadline, first)
+            if best is None or score < best.score:
+                plan.predicted_first_token_s = first
+                best = Scored(plan, score)
+        return best
+
+    def _candidates(self, draft: Draft, r: RequestView) -> list[tuple[Placement, list[list[Feed]]]]:
+        view = draft.view
+        budget, n = view.cfg.max_batch_tokens, view.num_ops
+        out = [(single(d, n), [[prefill_feed(r, budget)]]) for d in view.devices]
+        todo = min(budget, r.num_tokens - r.num_computed)
+        if len(view.devices) < 2 or todo < MIN_PIPELINE_TOKENS:
+            return out
+        a, b = sorted(view.devices, key=lambda d: (draft.load(d), d))[:2]
+        at = 1 + (n - 2) // 2  # embed + first half of the layer groups
+        for first, second in ((a, b), (b, a)):
+            placement = split(first, second, at, n)
+            out.append((placement, [[prefill_feed(r, budget)]]))
+            for k in CHUNK_COUNTS:
+                if todo >= k * MIN_PIPELINE_TOKENS // 2:
+                    out.append((placement, chunk_feeds(r, -(-todo // k), k)))
+        return out
+
+    # -- decode ------------------------------------------------------------------------------
+    def _migrate(self, draft: Draft, r: RequestView) -> None:
+        """Gather a split request's KV onto its least-loaded device when the simulation says
+        it pays: a decode step there (plus the copy, once) against one over the split,
+        for each token it may still generate."""
+        assert r.placement is not None
+        remaining = r.max_tokens - r.num_output
+        target = min(set(r.placement), key=lambda d: (draft.load(d), d))
+        if remaining < 1:
+            return
+        split_s = self._step_s(draft, r, r.placement)
+        single_s = self._step_s(draft, r, single(target, draft.view.num_ops))
+        away = sum(d != target for d in r.placement[1:-1]) / max(1, len(r.placement) - 2)
+        nbytes = int(r.blocks_held(target) * draft.view.kv_block_bytes * away)
+        src = next(d for d in r.placement if d != target)
+        copy_s = draft.view.builder.xfer_time(src, target, nbytes)
+        if (split_s - single_s) * remaining > copy_s:
+            draft.migrate(r, target)
+
+    def _step_s(self, draft: Draft, r: RequestView, placement: Placement) -> float:
+        """Predicted seconds until a decode step of `r` alone on `placement` ends."""
+        plan = draft.view.builder.build(Plan(r.priority, placement,
+                                             [[Feed(r, r.num_computed, 1)]]))
+        return draft.simulate(plan).finish[plan.finals[-1].op_id] - draft.view.now
+
+    def _decode(self, draft: Draft, plan: Plan) -> None:
+        draft.view.builder.build(plan)
+        if plan.priority < Priority.LOW or self._harmless(draft, plan):
+            draft.issue(plan)
+        else:
+            draft.hold_back()
+
+    # -- low ---------------------------------------------------------------------------------
+    def _low(self, draft: Draft) -> None:
+        if draft.num_waiting(Priority.HIGH) or draft.num_waiting(Priority.NORMAL):
+            return  # NOTE: urgent requests wait for memory; do not let low work take it
+        going = sorted((r for r in draft.runnable()
+                        if r.priority == Priority.LOW and r.is_prefilling),
+                       key=lambda r: r.arrival_s)
+        if not going and not draft.num_waiting(Priority.LOW):
+            return
+        for d in sorted(draft.view.devices, key=lambda d: (draft.load(d), d)):
+            if not draft.prefills(d, Priority.LOW):
+                mine = [r for r in going if r.placement and r.placement[0] == d]
+                self._fill_low(draft, d, mine)
+
+    def _fill_low(self, draft: Draft, device: str, going: list[RequestView]) -> None:
+        """One low-priority prefill plan on `device`, packed up to the chunk budget.
+
+        Its requests' unfinished prompts first, then waiting requests whose KV fits. The
+        plan is issued only if harmless; if the packed plan is not, its first feed alone.
+        """
+        budget = self._lp_budget(draft, device, max((r.num_computed for r in going), default=0))
+        feeds: list[Feed] = []
+        used, blocks = 0, 0
+        newcomers: set[str] = set()
+        for r in going:
+            if used >= budget:
+                break
+            feeds.append(prefill_feed(r, budget - used))
+            used += feeds[-1].num_tokens
+        for r in draft.waiting(Priority.LOW):
+            need = draft.blocks_needed(draft.admission_tokens(r))
+            if used >= budget or blocks + need > draft.room(device):
+                break
+            blocks += need
+            newcomers.add(r.rid)
+            feeds.append(prefill_feed(r, budget - used))
+            used += feeds[-1].num_tokens
+        for trial in ([feeds, feeds[:1]] if len(feeds) > 1 else [feeds]):
+            if not trial:
+                continue
+            try_it = partial(self._try_low, draft, device, trial, newcomers)
+            if draft.attempt([f.rid for f in trial], try_it):
+                return
+        if feeds:
+            draft.hold_back()
+
+    def _try_low(self, draft: Draft, device: str, feeds: list[Feed], newcomers: set[str]
+                 ) -> bool:
+        plan = draft.view.builder.build(Plan(Priority.LOW, single(device, draft.view.num_ops),
+                                             [feeds]))
+        if not self._harmless(draft, plan):
+            return False
+        for f in feeds:
+            if f.rid in newcomers:
+                draft.admit(f.req, plan.placement)
+        draft.issue(plan)
+        return True
+
+    def _lp_budget(self, draft: Draft, device: str, past: int) -> int:
+        """Most prefill tokens in one low-priority plan: its slowest layer group must stay
+        within a fraction of the tightest SLO (a high-priority op waits at most that)."""
+        view = draft.view
+        bound = view.cfg.lp_op_slo_fraction * self._tightest_slo(draft)
+        group = view.builder.template.layer_groups[0].name
+        lo, hi = view.cfg.min_lp_chunk_tokens, view.cfg.max_batch_tokens
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            shape = BatchShape(mid, 1, 1, mid * (past + mid), past + mid)
+            if view.builder.op_time(device, group, shape) <= bound:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _tightest_slo(self, draft: Draft) -> float:
+        slos = [r.ttft_slo_s for r in draft.runnable() if r.ttft_slo_s is not None]
+        slos += [r.ttft_slo_s for p in (Priority.HIGH, Priority.NORMAL)
+                 for r in draft.waiting(p) if r.ttft_slo_s is not None]
+        slos.append(draft.view.tightest_slo_s)
+        return min(slos)
+
+    def _harmless(self, draft: Draft, plan: Plan) -> bool:
+        """True unless the plan would make a request with a TTFT deadline miss it.
+
+        NOTE: KV pools are reserved whole at start-up and admission is checked against
+        them, so the simulated memory that can overflow is activations.
+        """
+        snap = draft.snapshot()
+        if not snap.deadlines:
+            return True
+        base, pred = draft.baseline(), draft.simulate(plan)
+        if pred.oom:
+            return False
+        for rid, deadline in snap.deadlines:
+            t, before = pred.first_token.get(rid), base.first_token.get(rid)
+            if t is not None and t > deadline and before is not None and before <= deadline:
+                return False  # this plan alone would make it miss
+        return True

@@ -1,0 +1,114 @@
+"""The scheduler's requests: their records, the waiting queues, and the KV each one holds.
+
+`Requests` commits what a round decided about a request's KV and status
+(admit, preempt, migrate, grow) and ends requests; each commit checks the
+request is in the status the decision assumed and raises otherwise, so a
+stale decision fails loudly instead of corrupting state. Plans in flight are
+the scheduler's business (scheduler/scheduler.py).
+"""
+
+from __future__ import annotations
+
+from executors.types import Priority
+from models.template import GraphTemplate
+from scheduler.decision import Admission, Growth, Migration, Preemption
+from scheduler.gmg import GMG
+from scheduler.ieg import BoundedQueues, FinishReason
+from scheduler.kv import KVManager, layer_devices
+from scheduler.requestview import RequestView
+from scheduler.state import RequestState, Status
+
+
+class Requests:
+    """Request records by id, waiting queues per class, and KV commits (see module doc)."""
+
+    def __init__(self, kv: KVManager, gmg: GMG, template: GraphTemplate,
+                 queue_capacity: dict[Priority, int]) -> None:
+        self.kv, self.gmg, self.template = kv, gmg, template
+        self.states: dict[str, RequestState] = {}
+        self.waiting: BoundedQueues[RequestState] = BoundedQueues(queue_capacity)
+        self.preemptions: dict[tuple[str, str], int] = {}  # (tenant, class) -> count
+        self.swapped_out_bytes = 0  # KV copied to host memory by preemptions, cumulative
+        self.dropped_tokens = 0  # tokens of KV dropped by preemptions (to recompute)
+
+    def add(self, state: RequestState) -> None:
+        self.waiting.push(state)
+        self.states[state.rid] = state
+
+    def get(self, rid: str) -> RequestState | None:
+        return self.states.get(rid)
+
+    def views(self) -> tuple[tuple[RequestView, ...], tuple[RequestView, ...],
+                             dict[Priority, tuple[RequestView, ...]]]:
+        """(runnable, running, waiting per class) requests as policies see them."""
+        runnable = tuple(s.view() for s in self.states.values() if s.status is Status.RUNNABLE)
+        running = tuple(s.view() for s in self.states.values() if s.status is Status.RUNNING)
+        waiting = {p: tuple(s.view() for s in self.waiting.queue(p)) for p in Priority}
+        return runnable, running, waiting
+
+    # -- commits -----------------------------------------------------------------------------
+    def admit(self, a: Admission) -> RequestState:
+        state = self._expect(a.rid, Status.WAITING, Status.SWAPPED)
+        devices = set(a.placement)
+        if state.status is Status.SWAPPED:
+            layers = layer_devices(self.template, a.placement)
+            state.tables = self.kv.swap_in(a.rid, devices, a.kv_tokens, layers).tables
+        else:
+            state.tables = self.kv.reserve(a.rid, devices, a.kv_tokens).tables
+        self.waiting.remove(a.rid)
+        state.placement, state.status = a.placement, Status.RUNNABLE
+        state.on_admitted()
+        if state.req.ttft_deadline is not None and not state.output_ids:
+            self.gmg.deadlines[a.rid] = state.req.ttft_deadline
+        return state
+
+    def preempt(self, p: Preemption) -> RequestState:
+        state = self._expect(p.rid, Status.RUNNABLE)
+        assert state.placement is not None
+        if p.swap:
+            layers = layer_devices(self.template, state.placement)
+            self.kv.swap_out(p.rid, state.num_computed, layers)
+            self.swapped_out_bytes += self.kv.swapped[p.rid].num_bytes
+            state.status = Status.SWAPPED
+        else:
+            self.kv.free(p.rid)
+            self.dropped_tokens += state.num_computed
+            state.num_computed, state.status = 0, Status.WAITING
+        state.placement, state.tables = None, {}
+        state.num_preemptions += 1
+        key = (state.req.tenant, state.priority.label)
+        self.preemptions[key] = self.preemptions.get(key, 0) + 1
+        state.on_preempted()
+        self.waiting.queue(state.priority).appendleft(state)
+        return state
+
+    def migrate(self, m: Migration) -> RequestState:
+        state = self._expect(m.rid, Status.RUNNABLE)
+        assert state.placement is not None
+        layers = layer_devices(self.template, state.placement)
+        self.kv.migrate(m.rid, state.num_computed, layers, m.target)
+        state.placement = (m.target,) * len(state.placement)
+        return state
+
+    def grow(self, g: Growth) -> RequestState:
+        state = self._expect(g.rid, Status.RUNNABLE)
+        self.kv.grow(g.rid, g.num_tokens)
+        return state
+
+    def end(self, state: RequestState, reason: FinishReason, error: str | None = None,
+            emit: bool = True) -> None:
+        """Finish a request not in flight: close its stream (unless its last token event did)
+        and free its KV, on devices or in host memory."""
+        if state.status.is_queued:
+            self.waiting.remove(state.rid)
+        state.finish(reason, error, emit=emit)
+        self.kv.free(state.rid)
+        self.gmg.deadlines.pop(state.rid, None)
+        self.states.pop(state.rid, None)
+
+    def _expect(self, rid: str, *statuses: Status) -> RequestState:
+        state = self.states.get(rid)
+        if state is None or state.status not in statuses or state.ending is not None:
+            now = "gone" if state is None else state.status.value
+            raise ValueError(f"{rid} is {now}, not {' or '.join(s.value for s in statuses)}")
+        return state

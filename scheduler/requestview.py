@@ -1,0 +1,49 @@
+"""A request as a policy sees it: an immutable record taken at the start of a round."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from executors.types import Priority
+
+Placement = tuple[str, ...]  # device name per operator of the chain
+
+
+@dataclass(frozen=True, slots=True)
+class RequestView:
+    """One request as of the round's start. Counts are tokens; times monotonic seconds."""
+
+    rid: str
+    tenant: str
+    priority: Priority
+    arrival_s: float
+    ttft_slo_s: float | None
+    prompt_len: int
+    max_tokens: int
+    num_output: int  # tokens generated so far
+    num_computed: int  # tokens whose KV is written
+    placement: Placement | None  # None until admitted (fixed by its first prefill)
+    kv_blocks: tuple[tuple[str, int], ...] = ()  # (device, blocks held) while admitted
+    swapped: bool = False  # waiting with its first `num_computed` tokens of KV in host memory
+
+    @property
+    def ttft_deadline(self) -> float | None:
+        return None if self.ttft_slo_s is None else self.arrival_s + self.ttft_slo_s
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt + generated tokens (what its KV holds once it is up to date)."""
+        return self.prompt_len + self.num_output
+
+    @property
+    def is_prefilling(self) -> bool:
+        """More than one token still to feed: a prompt (or a recompute after preemption)."""
+        return self.num_tokens - self.num_computed > 1
+
+    @property
+    def kv_tokens(self) -> int:
+        """KV a request reserves at admission: its tokens so far (it grows as tokens come)."""
+        return self.num_tokens
+
+    def blocks_held(self, device: str) -> int:
+        return next((n for d, n in self.kv_blocks if d == device), 0)

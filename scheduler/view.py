@@ -1,0 +1,46 @@
+"""What a policy sees of one round: immutable records of requests, KV, devices and the GMG.
+
+The scheduler builds a `RoundView` at the start of every round; a policy reads
+it and returns a `RoundDecision` (scheduler/decision.py). Nothing in a view
+points back into the scheduler's mutable state, so a policy can be tested
+with views built by hand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from executors.types import Priority
+from models.kv_cache import blocks_for
+from scheduler.config import SchedulerConfig
+from scheduler.gmg import Snapshot
+from scheduler.plan import Builder
+from scheduler.requestview import Placement, RequestView
+
+
+@dataclass(frozen=True, slots=True)
+class RoundView:
+    """Everything a policy may read in one round (see the module docstring)."""
+
+    now: float  # monotonic seconds (virtual under fake executors)
+    cfg: SchedulerConfig
+    devices: tuple[str, ...]
+    num_ops: int  # operators in the chain
+    waiting: Mapping[Priority, tuple[RequestView, ...]]  # not admitted, arrival order per class
+    runnable: tuple[RequestView, ...]  # admitted, not in flight, not finished
+    running: tuple[RequestView, ...]  # in a plan in flight (they hold KV too)
+    kv_free_blocks: Mapping[str, int]  # device -> free KV blocks
+    kv_watermark_blocks: Mapping[str, int]  # device -> blocks admission leaves free
+    block_size: int  # tokens per KV block
+    kv_block_bytes: int  # bytes of one block over every layer (what a swap moves)
+    host_free_bytes: int  # host swap space left for preempted requests' KV
+    snapshot: Snapshot | None  # the GMG (None for policies that do not simulate)
+    load_s: Mapping[str, float]  # device -> estimated seconds of work queued or running
+    builder: Builder  # the cost model: instantiates plans into op instances with estimates
+    prefill_inflight: Mapping[tuple[str, Priority], int]  # (first device, class) -> plans
+    decode_inflight: frozenset[Placement]  # placements with a decode step in flight
+    tightest_slo_s: float  # smallest TTFT SLO seen, else the default (sizes low chunks)
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return blocks_for(num_tokens, self.block_size)

@@ -1,0 +1,58 @@
+"""`slice`'s decisions on hand-built views: placement by simulation, harm checks, OOM."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from executors.types import Priority
+from scheduler.gmg import DeviceView, SimOp
+from scheduler.policies import make_policy
+from tests.scheduler.views import make_view, req, single
+
+
+def _busy(device: str, seconds: float, priority: Priority = Priority.LOW) -> SimOp:
+    """A running op that keeps `device` busy for `seconds` from time 0."""
+    return SimOp(10_000 + hash(device) % 100, "layers[0:1]", device, priority, (), seconds, 0.0,
+                 0.0, 0, (), 0.0)
+
+
+def test_a_short_urgent_prefill_goes_to_the_idle_device() -> None:
+    hp = req("hp", Priority.HIGH, prompt=40, slo=1.0)
+    d = make_policy("slice").schedule(make_view(waiting=[hp], ops=(_busy("cpu:0", 0.5),),
+                                                load={"cpu:0": 0.5, "cpu:1": 0.0}))
+    (plan,) = d.plans
+    assert plan.placement == single("cpu:1") and d.admissions[0].placement == single("cpu:1")
+    assert plan.predicted_first_token_s is not None and plan.predicted_first_token_s < 0.5
+
+
+def test_a_long_urgent_prefill_takes_the_pipeline_when_it_is_predicted_first() -> None:
+    hp = req("hp", Priority.HIGH, prompt=480, slo=10.0)  # a deadline that one device meets too
+    d = make_policy("slice").schedule(make_view(waiting=[hp]))
+    (plan,) = d.plans
+    assert len(set(plan.placement)) == 2 and len(plan.chunks) > 1
+
+
+def test_low_work_that_would_break_a_deadline_is_held_back() -> None:
+    # an urgent request's op on cpu:1 (5 ms), then its head on cpu:0 (5 ms): done at 10 ms
+    # if cpu:0 is free at 5 ms; a low prefill started on idle cpu:0 now would hold it ~50 ms
+    a = SimOp(1, "layers[0:1]", "cpu:1", Priority.HIGH, (), 0.005, 0.0, None, 0, (), 0.0)
+    b = SimOp(2, "head", "cpu:0", Priority.HIGH, (1,), 0.005, 0.0, None, 0, ("hp",), 0.0)
+    low = req("low", Priority.LOW, prompt=500)
+    d = make_policy("slice").schedule(
+        make_view(waiting=[low], ops=(a, b), deadlines=(("hp", 0.02),)))
+    assert [p.placement for p in d.plans] == [single("cpu:1")] and d.retry_on_progress
+    relaxed = make_policy("slice").schedule(
+        make_view(waiting=[low], ops=(a, b), deadlines=(("hp", 10.0),)))
+    assert [p.placement for p in relaxed.plans] == [single("cpu:0")]
+    assert not relaxed.retry_on_progress
+
+
+def test_when_every_candidate_is_oom_the_request_waits_without_error() -> None:
+    # KV fits, but no device has room for activations: this once recursed without end
+    hp = req("hp", Priority.HIGH, prompt=200, slo=1.0)
+    view = make_view(waiting=[hp])
+    assert view.snapshot is not None
+    full = tuple(DeviceView(d.name, 1000, 999) for d in view.snapshot.devices)
+    view = dataclasses.replace(view, snapshot=dataclasses.replace(view.snapshot, devices=full))
+    d = make_policy("slice").schedule(view)
+    assert d.plans == [] and d.admissions == [] and d.failures == [] and d.retry_on_progress
