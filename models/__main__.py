@@ -81,8 +81,8 @@ def _tune(args: argparse.Namespace) -> None:
     tuned = tuning.load_or_measure(layer_weights(model.ops), model.config, model.dtype,
                                    args.threads, refresh=args.refresh)
     where = "from the cache" if tuned.from_cache else f"measured in {tuned.measured_s:.1f} s"
-    print(f"{tuned.cpu}\n{model.dtype}, {args.threads} thread(s), {where}: "
-          f"{tuned.choice.describe()}")
+    print(f"{tuned.cpu}\nnative kernels {tuned.native}\n{model.dtype}, {args.threads} "
+          f"thread(s), {where}: {tuned.choice.describe()}")
     if args.json:
         print(json.dumps({"choice": tuned.choice.to_dict(), "timings_ms": tuned.timings_ms}))
 

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM
 
-from models import tuning
+from models import native, tuning
 from models.bench_cases import BLOCK, Case, decode_case, prefill_case
 from models.bench_floor import FloorWeights, copy_bandwidth, streamed_bytes
 from models.choices import PORTABLE
@@ -118,7 +118,7 @@ def goals(rows: list[Row], streams: dict[str, dict[str, float]]) -> list[dict[st
 
 
 def _print(rows: list[Row], per_dtype: dict[str, dict[str, Any]], threads: int) -> None:
-    print(f"CPU: {cpu_caps().line()}; {threads} thread(s)")
+    print(f"CPU: {cpu_caps().line()}; {threads} thread(s); native kernels {native.note()}")
     for dt, res in per_dtype.items():
         s = res["stream"]
         print(f"{dt}: kernels {res['kernels']}; decode step streams "
@@ -155,6 +155,7 @@ def run(spec: str, dtypes: list[str], repeats: int, threads: int, json_path: Pat
     for g in checked:
         print(f"- {g['goal']}: {g['value']:.2f} {'met' if g['met'] else 'MISSED'}")
     result = {"model": spec, "threads": threads, "repeats": repeats, "cpu": cpu_caps().line(),
+              "native": native.note(),
               "cpu_caps": asdict(cpu_caps()), "op_names": names, "goals": checked,
               "rows": [{**asdict(r), "ratio": r.ratio, "floor_ratio": r.floor_ratio}
                        for r in rows],

@@ -2,10 +2,12 @@
 
 The C sources need no torch headers, so one `cc -O3 -march=native` run
 builds them in about a second; the library is cached under
-`cache_root()/native`, keyed by the sources, compiler and CPU. Where no C
-compiler works, `library()` is None (logged once) and `models.tuning` never
-picks these kernels. ctypes releases the GIL around each call, so executor
-threads run them side by side.
+`cache_root()/native`, keyed by the sources, compiler, flags and CPU. Where no
+C compiler works, `library()` is None (logged once, `note()` says why) and
+`models.tuning` never picks these kernels, recording that they were off.
+`$SLICEGATE_NATIVE_MARCH` builds for another `-march` than `native` (tests
+use it to run the AVX2-only code on an AVX512 machine). ctypes releases the
+GIL around each call, so executor threads run them side by side.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import functools
 import hashlib
 import logging
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -29,7 +32,8 @@ from models.default_model import cache_root
 logger = logging.getLogger(__name__)
 
 SOURCES = ("gemv.c", "norm_rope.c", "decode_attn.c", "decode_layer.c")
-CFLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fPIC", "-shared", "-std=gnu11")
+CFLAGS = ("-O3", "-fPIC", "-shared", "-std=gnu11", "-Wno-psabi")
+_X86 = ("x86_64", "amd64", "i686", "i386")
 _CSRC = Path(__file__).parent / "csrc"
 EPILOGUES = {"none": 0, "silu": 1, "mul": 2, "add": 3}
 _SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
@@ -51,12 +55,20 @@ def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
+def cflags() -> list[str]:
+    """The compiler flags: tuned for this CPU (`-march=native`, 512-bit vectors on x86)."""
+    march = os.environ.get("SLICEGATE_NATIVE_MARCH") or "native"
+    wide = ["-mprefer-vector-width=512"] if platform.machine().lower() in _X86 else []
+    return [*CFLAGS, f"-march={march}", *wide]
+
+
 def _digest(cc: str) -> str:
     h = hashlib.sha256()
     for name in [*SOURCES, "common.h", "kernels.h"]:
         h.update((_CSRC / name).read_bytes())
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
-    h.update(version.stdout.encode() + " ".join(CFLAGS).encode() + cpu_caps().line().encode())
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30,
+                             check=True)
+    h.update(version.stdout.encode() + " ".join(cflags()).encode() + cpu_caps().line().encode())
     return h.hexdigest()[:16]
 
 
@@ -64,7 +76,7 @@ def _build(cc: str, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         out = Path(tmp) / target.name
-        cmd = [cc, *CFLAGS, *(str(_CSRC / s) for s in SOURCES), "-lm", "-o", str(out)]
+        cmd = [cc, *cflags(), *(str(_CSRC / s) for s in SOURCES), "-lm", "-o", str(out)]
         subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=300)
         out.replace(target)  # NOTE: atomic, so a concurrent loader sees all or nothing
 
@@ -78,21 +90,33 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
 
 
 @functools.cache
-def library() -> ctypes.CDLL | None:
-    """The kernels built for this machine, or None where they cannot be built."""
+def _load() -> tuple[ctypes.CDLL | None, str]:
     cc = _compiler()
     if cc is None:
-        logger.warning("no C compiler (cc/gcc, or $CC): native CPU kernels are off")
-        return None
+        why = "off: no C compiler (cc, gcc or $CC)"
+        logger.warning("native CPU kernels are %s", why)
+        return None, why
     try:
         path = cache_root() / "native" / f"kernels-{_digest(cc)}.so"
-        if not path.is_file():
+        built = not path.is_file()
+        if built:
             _build(cc, path)
-        return _bind(ctypes.CDLL(str(path)))
+        lib = _bind(ctypes.CDLL(str(path)))
     except (OSError, subprocess.SubprocessError, AttributeError) as e:
         detail = getattr(e, "stderr", "") or ""
         logger.warning("native CPU kernels are off: %s %s", e, detail[-2000:])
-        return None
+        return None, f"off: {e}"[:300]
+    return lib, f"{'built' if built else 'cached'} with {cc} {' '.join(cflags())}: {path}"
+
+
+def library() -> ctypes.CDLL | None:
+    """The kernels built for this machine, or None where they cannot be built."""
+    return _load()[0]
+
+
+def note() -> str:
+    """Whether the native kernels are on here: how they were built, or why they are off."""
+    return _load()[1]
 
 
 def supports(dtype: torch.dtype) -> bool:

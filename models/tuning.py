@@ -16,9 +16,11 @@ of a (CPU, torch, model shape, dtype, threads) this module times
 - where every part of a decode layer went native: the layers op by op against
   one native call per layer, for decode steps of 1 and `native_rows` rows;
 
-then writes the choice and every timing to `cache_root()/kernels/*.json`,
-which later loads read back at once (about two seconds of measuring for the
-default model, once per machine).
+then writes the choice, every timing and whether the native kernels were on
+(how they were built, or why not) to `cache_root()/kernels/*.json`, which later
+loads read back at once (about two seconds of measuring for the default model,
+once per machine). Whether the native kernels could be built is part of the
+key: a machine that gains a C compiler measures again.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from typing import Any
 
 import torch
 
-from models import probes
+from models import native, probes
 from models.choices import KernelChoice, LayerChoice
 from models.config import ModelConfig
 from models.cpu import cpu_caps
@@ -44,7 +46,7 @@ from models.layers import LayerWeights
 
 logger = logging.getLogger(__name__)
 
-TUNING_VERSION = 1  # NOTE: bump when candidates or the method change, so caches are remeasured
+TUNING_VERSION = 2  # NOTE: bump when candidates or the method change, so caches are remeasured
 
 
 @dataclass(slots=True)
@@ -56,6 +58,7 @@ class Tuned:
     timings_ms: dict[str, Any]
     measured_s: float
     cpu: str  # the capability line
+    native: str = ""  # the native kernels: how they were built, or why they are off
     from_cache: bool = False
 
 
@@ -84,7 +87,7 @@ def measure(layers: list[LayerWeights], cfg: ModelConfig, dtype: torch.dtype,
     timings = {"gemm": gemm_ms, "prefill_attention": prefill_ms, "decode_attention": decode_ms,
                "norm_rope": norm_ms, "decode_layer": whole_ms}
     return Tuned(choice, tuning_key(cfg, dtype, threads), timings, time.perf_counter() - t0,
-                 cpu_caps().line())
+                 cpu_caps().line(), native.note())
 
 
 def tuning_key(cfg: ModelConfig, dtype: torch.dtype, threads: int) -> dict[str, Any]:
@@ -92,7 +95,8 @@ def tuning_key(cfg: ModelConfig, dtype: torch.dtype, threads: int) -> dict[str, 
     shape = {k: getattr(cfg, k) for k in ("hidden_size", "intermediate_size", "num_layers",
                                           "num_heads", "num_kv_heads", "head_dim", "qkv_bias")}
     return {"cpu": asdict(cpu_caps()), "torch": torch.__version__, "dtype": str(dtype),
-            "threads": threads, "shape": shape, "version": TUNING_VERSION}
+            "threads": threads, "shape": shape, "native": native.library() is not None,
+            "version": TUNING_VERSION}
 
 
 def cache_path(key: dict[str, Any], cache_dir: Path | None = None) -> Path:
@@ -106,7 +110,7 @@ def _read(path: Path, key: dict[str, Any]) -> Tuned | None:
         if d["key"] != json.loads(json.dumps(key)):
             return None
         return Tuned(KernelChoice.from_dict(d["choice"]), d["key"], d["timings_ms"],
-                     d["measured_s"], d["cpu"], from_cache=True)
+                     d["measured_s"], d["cpu"], d["native"], from_cache=True)
     except (OSError, ValueError, KeyError, TypeError) as e:
         logger.warning("ignoring kernel cache %s: %s", path, e)
         return None
@@ -116,7 +120,8 @@ def _write(path: Path, t: Tuned) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{time.monotonic_ns()}.tmp")
     tmp.write_text(json.dumps({"key": t.key, "choice": t.choice.to_dict(), "cpu": t.cpu,
-                               "measured_s": t.measured_s, "timings_ms": t.timings_ms}, indent=1))
+                               "native": t.native, "measured_s": t.measured_s,
+                               "timings_ms": t.timings_ms}, indent=1))
     tmp.replace(path)
 
 
@@ -132,6 +137,6 @@ def load_or_measure(layers: list[LayerWeights], cfg: ModelConfig, dtype: torch.d
             return cached
     tuned = measure(layers, cfg, dtype, threads)
     _write(path, tuned)
-    logger.info("kernels measured in %.1f s on %s: %s", tuned.measured_s, tuned.cpu,
-                tuned.choice.describe())
+    logger.info("kernels measured in %.1f s on %s (native kernels %s): %s", tuned.measured_s,
+                tuned.cpu, tuned.native, tuned.choice.describe())
     return tuned

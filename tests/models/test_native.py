@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,6 +17,7 @@ from models import attention as attn
 from models import native
 from models.batch import SeqSpec, build_batch
 from models.choices import LayerChoice
+from models.cpu import cpu_caps
 from models.kv_cache import KVCache
 from models.layers import (
     AttnDims,
@@ -21,9 +29,13 @@ from models.layers import (
 )
 from models.linear import Linear
 
-pytestmark = pytest.mark.skipif(native.library() is None,
+needs_native = pytest.mark.skipif(native.library() is None,
                                 reason="no C compiler: native kernels cannot be built here")
 DTYPES = [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)]
+
+
+def native_x86_avx2() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64") and cpu_caps().avx2
 
 
 def _hf_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -33,6 +45,7 @@ def _hf_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return w * x32.to(x.dtype)
 
 
+@needs_native
 @pytest.mark.parametrize("dtype,tol", DTYPES)
 @pytest.mark.parametrize("epilogue", ["none", "silu", "mul", "add"])
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 9])
@@ -50,6 +63,7 @@ def test_gemv_equals_linear(dtype: torch.dtype, tol: float, epilogue: str, rows:
     torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol)
 
 
+@needs_native
 @pytest.mark.parametrize("dtype,tol", DTYPES)
 def test_gemv_reads_strided_rows(dtype: torch.dtype, tol: float) -> None:
     x = torch.randn(3, 100).to(dtype)[:, :64]  # rows 100 apart
@@ -58,6 +72,7 @@ def test_gemv_reads_strided_rows(dtype: torch.dtype, tol: float) -> None:
                                rtol=tol, atol=tol)
 
 
+@needs_native
 @pytest.mark.parametrize("dtype,tol", DTYPES)
 @pytest.mark.parametrize("dim", [64, 70])
 def test_rms_norm_equals_transformers(dtype: torch.dtype, tol: float, dim: int) -> None:
@@ -66,6 +81,7 @@ def test_rms_norm_equals_transformers(dtype: torch.dtype, tol: float, dim: int) 
                                _hf_rms_norm(x, w, 1e-6).float(), rtol=tol, atol=tol)
 
 
+@needs_native
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rope_and_kv_write_equal_torch(dtype: torch.dtype) -> None:
     t, h, hkv, d = 5, 4, 2, 48  # d/2 = 24: a vector body and a scalar tail
@@ -87,6 +103,7 @@ def test_rope_and_kv_write_equal_torch(dtype: torch.dtype) -> None:
     torch.testing.assert_close(values, want_v, rtol=0, atol=0)
 
 
+@needs_native
 @pytest.mark.parametrize("dtype,tol", DTYPES)
 def test_paged_decode_attention_equals_sdpa(dtype: torch.dtype, tol: float) -> None:
     g = torch.Generator().manual_seed(3)
@@ -114,6 +131,7 @@ def _layer(dtype: torch.dtype, dim: int, inter: int, qkv_out: int, o_in: int) ->
                         lin(inter, dim), lin(dim, inter))
 
 
+@needs_native
 @pytest.mark.parametrize("dtype,tol", DTYPES)
 def test_whole_native_layer_equals_op_by_op(dtype: torch.dtype, tol: float) -> None:
     dims = AttnDims(num_heads=4, num_kv_heads=2, head_dim=16, eps=1e-6)
@@ -132,3 +150,49 @@ def test_whole_native_layer_equals_op_by_op(dtype: torch.dtype, tol: float) -> N
     got = native_decoder_layer(x, w, dims, cos, sin, batch, caches[1], 0)
     torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
     torch.testing.assert_close(caches[1].keys[0], caches[0].keys[0], rtol=0, atol=0)
+
+
+def _python(code: str, cache: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    full = {**os.environ, "SLICEGATE_CACHE": str(cache), **env}
+    return subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True,
+                          timeout=600, check=True)
+
+
+@needs_native
+def test_a_fresh_cache_builds_the_library_once(tmp_path: Path) -> None:
+    code = "from models import native; print(native.note())"
+    first = _python(code, tmp_path).stdout
+    assert first.startswith("built with ") and str(tmp_path / "native") in first
+    assert _python(code, tmp_path).stdout.startswith("cached with ")
+    assert len(list((tmp_path / "native").glob("kernels-*.so"))) == 1
+
+
+def test_without_a_compiler_the_kernels_are_off_and_never_chosen(tmp_path: Path,
+                                                                 tiny_model_dir: Path) -> None:
+    code = ("import json, models; from models import native; "
+            f"m = models.load({str(tiny_model_dir)!r}, dtype='float32'); "
+            "print(json.dumps([native.note(), m.kernels.to_dict()]))")
+    done = _python(code, tmp_path, CC=str(tmp_path / "no-such-cc"))
+    note, choice = json.loads(done.stdout.strip().splitlines()[-1])
+    assert note.startswith("off: ") and "native CPU kernels are off" in done.stderr
+    assert choice["gemm"]["native_rows"] == 0
+    assert "native" not in (choice["layer"]["decode"], choice["layer"]["norm_rope"],
+                            choice["layer"]["decode_layer"])
+    record = json.loads(next((tmp_path / "kernels").glob("*.json")).read_text())
+    assert record["native"] == note and record["key"]["native"] is False
+    assert not (tmp_path / "native").exists() or not list((tmp_path / "native").glob("*.so"))
+
+
+@needs_native
+@pytest.mark.skipif(not native_x86_avx2(), reason="an AVX2-only build needs an x86 CPU with AVX2")
+def test_the_avx2_only_build_passes_these_tests(tmp_path: Path) -> None:
+    """The portable vector code (no AVX512, no AVX512-BF16), as a CPU without them runs it."""
+    env = {**os.environ, "SLICEGATE_CACHE": str(tmp_path), "SLICEGATE_NATIVE_MARCH": "x86-64-v3"}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           __file__, "-k", "not avx2_only and not fresh_cache and not compiler"],
+                          env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert " passed" in done.stdout and " skipped" not in done.stdout
+    note = _python("from models import native; print(native.note())", tmp_path,
+                   SLICEGATE_NATIVE_MARCH="x86-64-v3").stdout
+    assert note.startswith("cached with ") and "-march=x86-64-v3" in note

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import models
-from models import tuning
+from models import native, tuning
 from models.choices import PORTABLE, KernelChoice
 from models.cpu import parse_cpuinfo
 from models.loader import layer_weights
@@ -59,6 +59,8 @@ def test_choice_is_recorded_then_reused(tiny_model_dir: Path, cache: Path,
     assert KernelChoice.from_dict(record["choice"]) == first.kernels
     assert record["timings_ms"]["gemm"]
     assert record["cpu"].startswith(record["key"]["cpu"]["model_name"])
+    assert record["native"] == native.note()  # how the native kernels were built, or why not
+    assert record["key"]["native"] == (native.library() is not None)
     again = models.load(tiny_model_dir, dtype="bfloat16")
     assert len(calls) == 1 and again.kernels == first.kernels  # read back, not measured
     models.load(tiny_model_dir, dtype="bfloat16", retune=True)
