@@ -78,7 +78,7 @@ def _probe(args: argparse.Namespace) -> int:
     config = ProbeConfig(
         out=out, model=args.model, dtype=args.dtype, devices=args.devices,
         prompt_tokens=_ints(args.prompt_tokens), max_tokens=_ints(args.max_tokens),
-        requests=args.requests, rounds=args.rounds)
+        requests=args.requests, rounds=args.rounds, threads=args.threads)
     if args.serve_cmd:
         config = replace(config, serve_cmd=tuple(shlex.split(args.serve_cmd)))
     summary = run_probe(config)
@@ -197,6 +197,9 @@ def _probe_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", default="1,16")
     p.add_argument("--requests", type=int, default=20, help="per case, mode and round")
     p.add_argument("--rounds", type=int, default=2, help="direct and server rounds, interleaved")
+    p.add_argument("--threads", type=int, default=None,
+                   help="intra-op threads of the direct runs (default: as the server's CPU "
+                        "executors, the cores split between the CPU devices)")
     p.add_argument("--serve-cmd", default=None,
                    help="command that starts slicegate (default: PYTHON -m gateway serve)")
     p.add_argument("--out", type=Path, default=None,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -60,9 +61,21 @@ class ProbeConfig:
     serve_cmd: tuple[str, ...] = field(default_factory=default_serve_cmd)
     ready_timeout_s: float = 600.0
     python: str = sys.executable
+    threads: int | None = None  # `direct`'s intra-op threads; None: as the server's executors
 
     def cases(self) -> list[tuple[int, int]]:
         return [(n, k) for n in self.prompt_tokens for k in self.max_tokens]
+
+    def direct_threads(self) -> int:
+        """The threads each of the server's CPU executors runs on, unless given.
+
+        NOTE: the server's rule (scheduler.execution.cpu_threads), restated because
+        loadgen reaches the server over HTTP only: the cores split between CPU devices.
+        """
+        if self.threads is not None:
+            return self.threads
+        cpus = sum(d.strip().startswith("cpu") for d in self.devices.split(","))
+        return max(1, (os.cpu_count() or 1) // max(1, cpus))
 
 
 @dataclass(slots=True)
@@ -109,7 +122,8 @@ def run_direct(config: ProbeConfig, prompts: list[tuple[tuple[int, int], str]]) 
     cases = config.out / "direct-cases.json"
     cases.write_text(json.dumps([{"prompt": p, "max_tokens": c[1], "case": c} for c, p in prompts]))
     cmd = [config.python, "-m", "models", "direct", "--model", config.model, "--dtype",
-           config.dtype, "--cases", str(cases), "--repeats", "1"]
+           config.dtype, "--cases", str(cases), "--repeats", "1", "--threads",
+           str(config.direct_threads())]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"`{' '.join(cmd)}` failed: {done.stderr.strip()[-800:]}")

@@ -49,6 +49,14 @@ def test_overheads_are_server_minus_direct_medians() -> None:
     json.dumps(summary)  # what the command writes
 
 
+def test_direct_runs_on_the_threads_of_the_servers_executors(monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    assert ProbeConfig(out=Path("x"), devices="cpu:0").direct_threads() == 8
+    assert ProbeConfig(out=Path("x"), devices="cpu:0,cpu:1").direct_threads() == 4
+    assert ProbeConfig(out=Path("x"), devices="cpu:0", threads=1).direct_threads() == 1
+
+
 def test_probe_needs_to_be_told_what_to_probe(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["probe"]) != 0
     assert "say what to probe: --overhead" in capsys.readouterr().err
