@@ -161,7 +161,8 @@ def _bench_parser(b: argparse.ArgumentParser) -> None:
                         "default (first 300 requests, bursty) or strict (a steadier window "
                         "at 0.5x, tight SLO), as in `python -m scheduler bench policies`")
     b.add_argument("--batch", default="concurrency=16,prompt=512,gen=64",
-                   help="batch tenant SOURCE (default: %(default)s)")
+                   help="batch tenant SOURCE, or none: the interactive tenant alone in "
+                        "every run (default: %(default)s)")
     b.add_argument("--tail", type=float, default=2.0,
                    help="mixed runs send for the interactive trace's span + this many seconds")
     b.add_argument("--slo-ms", type=float, default=None,
