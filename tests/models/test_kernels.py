@@ -8,6 +8,10 @@ runs) against transformers' own forward on the same tokens.
 
 from __future__ import annotations
 
+import os
+import platform
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,11 +22,13 @@ import models
 from models import native
 from models.batch import SeqSpec, build_batch
 from models.choices import GemmChoice, KernelChoice, LayerChoice
+from models.cpu import cpu_caps
 from models.generate import chain_logits
 from models.linear import onednn_available
 
 BLOCK = 4
 NATIVE = native.library() is not None
+X86 = platform.machine().lower() in ("x86_64", "amd64")
 
 CHOICES: dict[str, KernelChoice] = {
     "aten": KernelChoice(),
@@ -102,3 +108,25 @@ def test_bf16_within_tolerance_of_transformers(folder: Path, name: str) -> None:
     for got, want in zip(_ours(model), _want(hf), strict=True):
         scale = want.abs().max().item()
         torch.testing.assert_close(got, want, rtol=0.03, atol=0.03 * scale)
+
+
+ISAS = {  # a CPU without AMX (AVX512-BF16 only), and one with AVX2 only, as far as this one can
+    "avx512-bf16": ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16", "ATEN_CPU_CAPABILITY": "avx512"},
+                    cpu_caps().avx512_bf16),
+    "avx2": ({"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2",
+              "SLICEGATE_NATIVE_MARCH": "x86-64-v3"}, cpu_caps().avx2 and X86),
+}
+
+
+@pytest.mark.parametrize("isa", sorted(ISAS))
+def test_every_path_on_a_smaller_instruction_set(isa: str, tmp_path: Path) -> None:
+    """This file's tests again with oneDNN, aten and the native kernels held to `isa`."""
+    env, present = ISAS[isa]
+    if not present:
+        pytest.skip(f"this CPU lacks {isa}")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           __file__, "-k", "not smaller_instruction_set"],
+                          env={**os.environ, "SLICEGATE_CACHE": str(tmp_path), **env},
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert " passed" in done.stdout
