@@ -43,6 +43,7 @@ from models.config import ModelConfig
 from models.cpu import cpu_caps
 from models.default_model import cache_root
 from models.layers import LayerWeights
+from models.linear import onednn_available
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +97,7 @@ def tuning_key(cfg: ModelConfig, dtype: torch.dtype, threads: int) -> dict[str, 
                                           "num_heads", "num_kv_heads", "head_dim", "qkv_bias")}
     return {"cpu": asdict(cpu_caps()), "torch": torch.__version__, "dtype": str(dtype),
             "threads": threads, "shape": shape, "native": native.library() is not None,
+            "onednn": onednn_available(dtype),  # NOTE: $ONEDNN_MAX_CPU_ISA can take it away
             "version": TUNING_VERSION}
 
 

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import models
 from models import native, tuning
 from models.choices import PORTABLE, KernelChoice
 from models.cpu import parse_cpuinfo
+from models.linear import onednn_available
 from models.loader import layer_weights
 
 CPUINFO = """processor\t: 0
@@ -95,3 +100,18 @@ def test_a_damaged_or_stale_record_is_measured_again(tiny_model_dir: Path, cache
 def test_a_forced_choice_measures_nothing(tiny_model_dir: Path, cache: Path) -> None:
     model = models.load(tiny_model_dir, dtype="float32", kernel_choice=PORTABLE)
     assert model.kernels == PORTABLE and not (cache / "kernels").exists()
+
+
+@pytest.mark.skipif(not onednn_available(torch.bfloat16), reason="no oneDNN bf16 here")
+def test_a_choice_is_not_read_back_once_onednn_is_held_back(tiny_model_dir: Path,
+                                                            tmp_path: Path) -> None:
+    code = ("import models; "
+            f"print(models.load({str(tiny_model_dir)!r}, dtype='bfloat16').kernels.gemm.backend)")
+
+    def load(**env: str) -> str:
+        full = {**os.environ, "SLICEGATE_CACHE": str(tmp_path), **env}
+        return subprocess.run([sys.executable, "-c", code], env=full, capture_output=True,
+                              text=True, timeout=300, check=True).stdout.strip()
+    load()
+    assert load(ONEDNN_MAX_CPU_ISA="AVX2") == "aten"  # no bf16 oneDNN there: measured again
+    assert len(list((tmp_path / "kernels").glob("*.json"))) == 2
