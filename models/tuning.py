@@ -138,7 +138,10 @@ def load_or_measure(layers: list[LayerWeights], cfg: ModelConfig, dtype: torch.d
         if cached is not None:
             return cached
     tuned = measure(layers, cfg, dtype, threads)
-    _write(path, tuned)
+    try:
+        _write(path, tuned)
+    except OSError as e:  # NOTE: a read-only cache costs a measurement per load, not the load
+        logger.warning("kernel choice not cached at %s: %s", path, e)
     logger.info("kernels measured in %.1f s on %s (native kernels %s): %s", tuned.measured_s,
                 tuned.cpu, tuned.native, tuned.choice.describe())
     return tuned

@@ -115,3 +115,13 @@ def test_a_choice_is_not_read_back_once_onednn_is_held_back(tiny_model_dir: Path
     load()
     assert load(ONEDNN_MAX_CPU_ISA="AVX2") == "aten"  # no bf16 oneDNN there: measured again
     assert len(list((tmp_path / "kernels").glob("*.json"))) == 2
+
+
+def test_a_cache_that_cannot_be_written_costs_a_measurement_not_the_load(
+        tiny_model_dir: Path, cache: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    (cache / "kernels").write_text("a file where the folder should be")
+    calls = _count_measures(monkeypatch)
+    models.load(tiny_model_dir, dtype="float32")
+    models.load(tiny_model_dir, dtype="float32")
+    assert len(calls) == 2 and "kernel choice not cached" in caplog.text
