@@ -107,7 +107,7 @@ class BenchConfig:
         for peer in self.peers:
             if peer not in ("vllm", "transformers"):
                 raise ValueError(f"unknown peer {peer!r} (known: vllm, transformers)")
-        if "fcfs" not in self.policies:
+        if "fcfs" not in self.policies and self.batch.strip() != "none":
             raise ValueError("the table's ratios are to fcfs: include fcfs in --policies")
         if self.slo_factor <= 0:
             raise ValueError("--slo-factor must be > 0")

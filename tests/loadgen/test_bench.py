@@ -109,6 +109,7 @@ def test_the_tenants_file_is_one_the_gateway_reads(tmp_path: Path) -> None:
 def test_config_errors() -> None:
     with pytest.raises(ValueError, match="include fcfs"):
         BenchConfig(out=Path("x"), policies=("slice",))
+    BenchConfig(out=Path("x"), policies=("slice",), batch="none")  # alone: no ratios to fcfs
     with pytest.raises(ValueError, match="unknown peer 'tgi'"):
         BenchConfig(out=Path("x"), peers=("tgi",))
     with pytest.raises(ValueError, match="--slo-factor"):
@@ -158,17 +159,17 @@ def test_the_slo_can_come_from_slice_alone_with_a_margin(tmp_path: Path) -> None
 def test_interactive_alone_on_the_stub_server(tmp_path: Path) -> None:
     out = tmp_path / "bench"
     config = BenchConfig(
-        out=out, policies=("fcfs",), peers=(), model="tiny-random", slo_ms=1000,
+        out=out, policies=("slice",), peers=(), model="tiny-random", slo_ms=1000,
         serve_cmd=(sys.executable, "-m", "loadgen", "stub", "--step-ms", "2"),
         **{**TINY_WORKLOAD, "batch": "none"})
     doc = run_bench(config)
-    run = doc["runs"]["fcfs"]
+    run = doc["runs"]["slice"]
     assert run["status"] == "ok" and run["hp_requests"] == 12 and run["lp_tok_s"] == 0
     assert run["hp_tpot_p50_s"] is not None and run["hp_tpot_p50_s"] > 0
-    report = json.loads((out / "runs" / "fcfs" / "report.json").read_text())
+    report = json.loads((out / "runs" / "slice" / "report.json").read_text())
     assert set(report["tenants"]) == {"interactive"}
     markdown = (out / "bench.md").read_text()
-    assert "## Interactive latency" in markdown and "| fcfs | 12 |" in markdown
+    assert "## Interactive latency" in markdown and "| slice | 12 |" in markdown
 
 
 def test_bench_of_two_policies_on_slicegate(tmp_path: Path) -> None:
