@@ -163,9 +163,10 @@ def _at_most_vllm(s: Mapping[str, Any], base: Mapping[str, Any] | None) -> str:
     if base is None or s is base:
         return "–"
     pairs = [(s.get(k), base.get(k)) for k in _LATENCY_KEYS]
-    if any(a is None or b is None for a, b in pairs):
+    checked = [a <= b for a, b in pairs if a is not None and b is not None]
+    if len(checked) < len(pairs):
         return "not checked"
-    return "yes" if all(a <= b for a, b in pairs) else "no"
+    return "yes" if all(checked) else "no"
 
 
 def format_bench_markdown(doc: Mapping[str, Any], outcomes: Mapping[str, RunOutcome],
