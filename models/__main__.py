@@ -103,7 +103,8 @@ def _parser() -> argparse.ArgumentParser:
     t = sub.add_parser("tune", help="measure (or show the cached) fastest kernels on this CPU")
     t.add_argument("--model", default="default")
     t.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
-    t.add_argument("--threads", type=int, default=1, help="intra-op threads (executors use 1)")
+    t.add_argument("--threads", type=int, default=1,
+                   help="intra-op threads (a server's CPU executors: cores / CPU devices)")
     t.add_argument("--refresh", action="store_true", help="measure even when cached")
     t.add_argument("--json", action="store_true", help="also print the choice and timings")
     t.set_defaults(fn=_tune)
@@ -124,7 +125,8 @@ def _parser() -> argparse.ArgumentParser:
     d = sub.add_parser("direct", help="time requests through the operator chain, no server")
     d.add_argument("--model", default="default")
     d.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
-    d.add_argument("--threads", type=int, default=1, help="intra-op threads (executors use 1)")
+    d.add_argument("--threads", type=int, default=1,
+                   help="intra-op threads (a server's CPU executors: cores / CPU devices)")
     d.add_argument("--repeats", type=int, default=10)
     d.add_argument("--cases", required=True,
                    help='JSON file: [{"prompt": text, "max_tokens": n}, ...]')
