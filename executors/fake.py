@@ -1,8 +1,9 @@
 """Fake executors on one virtual clock: the executor's queue semantics, no tensors.
 
 A `VirtualCluster` owns the clock and a `FakeExecutor` per device. An op takes
-exactly `op.est_s` of virtual time, transfer halves (RECV, SEND) included. The
-rules, which `scheduler.simulator` must reproduce on a fixed graph:
+exactly `op.est_s` of virtual time, transfer halves (RECV, SEND) included,
+unless the cluster has an `Interference` model (below). The rules, which
+`scheduler.simulator` must reproduce on a fixed graph:
 
 - **Issue.** `enqueue(op)` at virtual time `now`: state ISSUED, `issued_at = now`
   unless already set (`dispatch.mark_issued`; a finished op is reset for a retry).
@@ -19,6 +20,14 @@ rules, which `scheduler.simulator` must reproduce on a fixed graph:
   `end = now`, dispatches idle executors again at `now`, and only then calls
   `on_done(op)` — as the real worker picks its next op before the loop hears of
   the last one. Ops that `on_done` enqueues start at the next step's dispatch.
+- **Interference.** With `VirtualCluster(interference=...)`, ops on executors that
+  share a host advance at `1 / slowdown` of their solo speed (`est_s` is the solo
+  time), the slowdown given by the classes running on the host
+  (`executors.interference`). Whenever a dispatch or a completion changed what
+  runs on a host, the host's running ops are re-timed, after the dispatch, in
+  executor order: if the classes running there changed, every op whose slowdown
+  changed gets a new completion event (settled to `now`); otherwise only the ops
+  started since. A replaced event is skipped when popped.
 - **Faults and Recv retries.** The optional `run_op(op)` hook runs when the op
   starts. `RecvNotReady` puts the op back with `ready_at = now + recv_retry_s`
   and the executor picks again at once; any other exception fails the op, which
@@ -38,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from executors.dispatch import mark_issued, pick_next, scan_ready
+from executors.interference import Interference, finish_at, settle
 from executors.runner import RecvNotReady
 from executors.types import Device, OpInstance, OpState
 
@@ -74,6 +84,11 @@ class FakeExecutor:
         self.busy_s = 0.0  # virtual seconds spent running ops
         self.alive = True
         self.wake_all: Callable[[], None] = self.notify
+        self.host = -1  # index of the host it shares with other executors; -1: alone
+        self._result: tuple[Any, BaseException | None] = (None, None)  # of the running op
+        self._event: _Event | None = None  # the running op's live completion event
+        self._cls = -1  # the running op's interference class
+        self._rem_s, self._last, self._slow = 0.0, 0.0, 0.0  # its solo seconds left at _last
 
     def enqueue(self, op: OpInstance) -> None:
         mark_issued(op, self._cluster.now)
@@ -123,7 +138,8 @@ class FakeExecutor:
             except Exception as e:  # an op fault: it still takes est_s, then reports
                 out, err = None, e
             self.running = op
-            self._cluster.push(now + op.est_s, self, op, out, err)
+            self._result = (out, err)
+            self._cluster.started(self, op, now)
 
     def _pick(self, now: float) -> OpInstance | None:
         ready, wake = scan_ready(self._pending, now)
@@ -146,13 +162,16 @@ class FakeExecutor:
 class VirtualCluster:
     """One virtual clock and the fake executors it advances (see the module docstring)."""
 
-    def __init__(self, start_s: float = 0.0, recv_retry_s: float = RECV_RETRY_S) -> None:
+    def __init__(self, start_s: float = 0.0, recv_retry_s: float = RECV_RETRY_S,
+                 interference: Interference | None = None) -> None:
         self._now = start_s
         self.recv_retry_s = recv_retry_s
         self.executors: dict[str, FakeExecutor] = {}
         self._heap: list[_Event] = []
         self._seq = 0
         self._poked: asyncio.Event | None = None
+        self.interference = interference
+        self._hosts: list[_Host] = []  # hosts that two or more executors share
 
     @property
     def now(self) -> float:
@@ -167,13 +186,75 @@ class VirtualCluster:
             raise ValueError(f"{device.name} already has an executor")
         ex = FakeExecutor(device, on_done, self, run_op)
         self.executors[device.name] = ex
+        self._share_hosts()
         return ex
 
-    def push(self, t: float, ex: FakeExecutor, op: OpInstance | None, output: Any = None,
-             error: BaseException | None = None) -> None:
+    def _share_hosts(self) -> None:
+        inter = self.interference
+        if inter is None or inter.is_neutral():
+            return
+        exs = list(self.executors.values())
+        host = inter.sharing([e.device.name for e in exs])
+        self._hosts = [_Host([e for e, h in zip(exs, host, strict=True) if h == k],
+                             len(inter.classes)) for k in range(max(host) + 1)]
+        for e, h in zip(exs, host, strict=True):
+            e.host = h
+
+    def started(self, ex: FakeExecutor, op: OpInstance, now: float) -> None:
+        """`ex` started `op` at `now`: time its completion (at once when alone on its host)."""
+        if ex.host < 0:
+            self.push(now + op.est_s, ex, op)
+            return
+        assert self.interference is not None
+        ex._cls = self.interference.class_index(op.name)
+        ex._rem_s, ex._last, ex._slow = op.est_s, now, 0.0
+        host = self._hosts[ex.host]
+        if ex._cls >= 0:
+            host.counts[ex._cls] += 1
+        host.fresh.append(ex)
+        host.dirty = True
+
+    def _retime(self) -> None:
+        """Re-time the running ops of every host whose running classes changed (see the
+        module docstring; `scheduler.simulator` does the same)."""
+        assert self.interference is not None
+        for host in self._hosts:
+            if not host.dirty:
+                continue
+            host.dirty = False
+            key = tuple(host.counts)
+            if key == host.seen:
+                todo = [e for e in host.members if e in host.fresh]
+            else:
+                host.seen = key
+                todo = [e for e in host.members if e.running is not None]
+            host.fresh.clear()
+            for e in todo:
+                s = self.interference.factor(e._cls, host.counts)
+                if s != e._slow:
+                    if e._slow > 0.0:
+                        e._rem_s = settle(e._rem_s, e._last, e._slow, self._now)
+                    e._last, e._slow = self._now, s
+                    assert e.running is not None
+                    self.push(finish_at(self._now, e._rem_s, s), e, e.running)
+
+    def push(self, t: float, ex: FakeExecutor, op: OpInstance | None) -> None:
+        """An event at `t`: the completion of `ex`'s running `op` (its result as `ex` holds
+        it), or with `op=None` a wake-up of `ex` (a Recv retry is due)."""
         self._seq += 1
         prio = int(op.priority) if op is not None else -1
-        heapq.heappush(self._heap, _Event(t, prio, self._seq, ex, op, output, error))
+        out, err = ex._result if op is not None else (None, None)
+        ev = _Event(t, prio, self._seq, ex, op, out, err)
+        if op is not None:
+            ex._event = ev
+        heapq.heappush(self._heap, ev)
+
+    def _peek(self) -> _Event | None:
+        """The next live event, dropping completions that were re-timed since."""
+        heap = self._heap
+        while heap and heap[0].op is not None and heap[0] is not heap[0].executor._event:
+            heapq.heappop(heap)
+        return heap[0] if heap else None
 
     def poke(self) -> None:
         """New work arrived: wake `drive` if it waits."""
@@ -182,12 +263,13 @@ class VirtualCluster:
 
     def next_time(self) -> float | None:
         """When the next event happens (None when nothing is in flight)."""
-        return self._heap[0].time if self._heap else None
+        ev = self._peek()
+        return ev.time if ev is not None else None
 
     def step(self) -> bool:
         """Dispatch at `now`, then handle one event. False when no event is left."""
         self._dispatch_all()
-        if not self._heap:
+        if self._peek() is None:
             return False
         ev = heapq.heappop(self._heap)
         self._now = ev.time
@@ -195,7 +277,13 @@ class VirtualCluster:
             ev.executor._wake_at = None
             self._dispatch_all()
             return True
-        ev.executor._complete(ev)
+        ex = ev.executor
+        ex._complete(ev)
+        if ex.host >= 0:
+            host = self._hosts[ex.host]
+            if ex._cls >= 0:
+                host.counts[ex._cls] -= 1
+            host.dirty = True
         self._dispatch_all()
         ev.executor._on_done(ev.op)
         return True
@@ -203,7 +291,7 @@ class VirtualCluster:
     def run_until(self, t: float) -> None:
         """Handle every event up to time `t`, then set the clock to `t`."""
         self._dispatch_all()
-        while self._heap and self._heap[0].time <= t:
+        while (ev := self._peek()) is not None and ev.time <= t:
             self.step()
         self._now = max(self._now, t)
         self._dispatch_all()
@@ -241,6 +329,20 @@ class VirtualCluster:
     def _dispatch_all(self) -> None:
         for ex in self.executors.values():
             ex._dispatch(self._now)
+        if self._hosts:
+            self._retime()
+
+
+class _Host:
+    """A host that executors share: running op classes, ops started since the last
+    re-timing, the class counts then."""
+
+    def __init__(self, members: list[FakeExecutor], num_classes: int) -> None:
+        self.members = members  # in the order they were added
+        self.counts = [0] * num_classes
+        self.seen = tuple(self.counts)
+        self.fresh: list[FakeExecutor] = []
+        self.dirty = False
 
 
 async def _settle() -> None:

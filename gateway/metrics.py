@@ -59,6 +59,25 @@ class _StatsCollector:
         yield _by_key(GaugeMetricFamily("slicegate_estimator_mape",
                                         "Mean absolute percentage error of an estimator.",
                                         labels=["estimator"]), s.estimator_mape.items())
+        yield _by_key(GaugeMetricFamily("slicegate_estimator_sample_cov",
+                                        "Run-to-run noise (coefficient of variation) of the "
+                                        "profiling sweep an estimator was fitted on.",
+                                        labels=["estimator"]), s.estimator_cov.items())
+        yield _by_key(GaugeMetricFamily("slicegate_estimator_level",
+                                        "Measured over profiled time of an estimator's recent "
+                                        "ops (median); 1 while the machine runs as profiled.",
+                                        labels=["estimator"]), s.estimator_level.items())
+        yield _by_key(CounterMetricFamily("slicegate_estimator_reprofiles",
+                                          "Background profiles of a device kind (its ops "
+                                          "drifted) or a transfer pair.", labels=["target"]),
+                      s.reprofiles.items())
+        slowdown = GaugeMetricFamily("slicegate_colocation_slowdown",
+                                     "How much longer an op class takes while another device "
+                                     "of its host runs an op of class `beside` (profiled).",
+                                     labels=["op", "beside"])
+        for (op, beside), factor in sorted(s.slowdown.items()):
+            slowdown.add_metric([op, beside], factor)
+        yield slowdown
         healthy = GaugeMetricFamily("slicegate_healthy",
                                     "1 while the scheduler runs, its rounds succeed and every "
                                     "executor is alive.")
@@ -98,7 +117,8 @@ def _histogram(family: HistogramMetricFamily, h: Histogram) -> Metric:
     return family
 
 
-def _by_key(family: GaugeMetricFamily, items: Iterable[tuple[str, float]]) -> Metric:
+def _by_key(family: GaugeMetricFamily | CounterMetricFamily,
+            items: Iterable[tuple[str, float]]) -> Metric:
     for key, value in sorted(items):
         family.add_metric([key], value)
     return family

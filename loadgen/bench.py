@@ -39,7 +39,7 @@ from loadgen.plots import write_plots
 from loadgen.prompts import PromptBuilder, resolve_model_folder
 from loadgen.public_traces import AZURE_CODE, require_trace
 from loadgen.replay import PromptFn, ReplayConfig, replay
-from loadgen.report import write_report
+from loadgen.report import slo_attainment, write_report
 from loadgen.servers import (
     PEERS_DIR,
     RunningServer,
@@ -198,8 +198,16 @@ def _measure_slo(bench: _Bench) -> tuple[float | None, str, float | None]:
     if p90 is None:
         return None, f"not measured: {config.alone_run} failed ({outcome.reason})", None
     factor = "" if config.slo_factor == 1 else f"{config.slo_factor:g} x "
-    return (config.slo_factor * p90,
-            f"{factor}p90 TTFT of {INTERACTIVE} alone under {config.alone_policy}", p90)
+    slo_s = config.slo_factor * p90
+    _judge_alone(outcome, slo_s)
+    return (slo_s, f"{factor}p90 TTFT of {INTERACTIVE} alone under {config.alone_policy}", p90)
+
+
+def _judge_alone(outcome: RunOutcome, slo_s: float) -> None:
+    """The alone run's own attainment of the SLO it set: how much a mixed run can reach."""
+    if outcome.result is not None:
+        records = [r for r in outcome.result.records if r.tenant == INTERACTIVE]
+        outcome.summary["hp_slo_attainment"] = slo_attainment(records, slo_s)[0]
 
 
 def write_tenants_file(path: Path, slo_s: float | None) -> Path:

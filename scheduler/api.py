@@ -44,6 +44,12 @@ class SchedulerStats:
     device_busy_ratio: dict[str, float] = field(default_factory=dict)  # device -> fraction
     round_seconds: Histogram = field(default_factory=Histogram)  # decision + apply, per round
     estimator_mape: dict[str, float] = field(default_factory=dict)  # estimator -> fraction
+    estimator_cov: dict[str, float] = field(default_factory=dict)  # estimator -> sweep's CoV
+    estimator_level: dict[str, float] = field(default_factory=dict)  # estimator -> measured /
+    # profiled time (median of recent ops; 1.0 while the machine runs as profiled)
+    reprofiles: dict[str, int] = field(default_factory=dict)  # kind or pair -> cumulative
+    slowdown: dict[tuple[str, str], float] = field(default_factory=dict)  # (op class, class
+    # running beside it on another device of the host) -> co-location slowdown
     errors_total: int = 0  # exceptions caught in rounds and completion handlers, cumulative
     healthy: bool = True  # False while rounds keep failing, or once the task or an executor died
     health_detail: str | None = None  # why it is not healthy

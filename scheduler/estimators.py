@@ -1,12 +1,18 @@
 """Cost estimators: op time as a linear model on shape features, transfers as α·bytes + c.
 
-One `LinearEstimator` per (device kind, template op name) and per (source,
-destination) of a transfer. Each is fitted on relative error (a 1 ms op
-counts as much as a 100 ms one) by least squares at start-up and refitted
-online by recursive least squares with a forgetting factor. Every observed
-timing first scores the prediction made before it, so `mape()` is a running
-out-of-sample error. Device kind: `cpu` for every `cpu:N`, the GPU's name for
-`cuda:N` (all CPU devices share one estimator per op).
+One `LinearEstimator` (scheduler/linear.py) per (device kind, template op name)
+and per (source, destination) of a transfer: fitted on relative error at
+start-up, refined online by a robust windowed refit. Every observed timing first
+scores the prediction made before it, so `mape()` is a running out-of-sample
+error. Device kind: `cpu` for every `cpu:N`, the GPU's name for `cuda:N` (all
+CPU devices share one estimator per op).
+
+Estimates are solo times. Where the profile measured `interference` (devices
+sharing a host slow each other down), the simulator applies it, and a measured
+op is first brought back to its solo time from what ran beside it
+(scheduler/overlap.py). When an estimator's measured/base level drifts past
+`DRIFT_THRESHOLD` over a full window, its device kind (or transfer pair) is
+handed out for a background re-profile (scheduler/reprofile.py).
 """
 
 from __future__ import annotations
@@ -14,14 +20,14 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
-
+from executors.interference import Interference
 from executors.types import Device, OpInstance, OpRole, OpState
 from models.batch import BatchShape
+from scheduler.linear import MIN_TIME_S, LinearEstimator
+from scheduler.overlap import Overlaps
 
 # NOTE: num_context_tokens separates the KV read of batched decode (which pads to the
 # longest context) from prefill attention; it halves the layer groups' error on CPU.
@@ -35,7 +41,6 @@ _OP_MASKS = {  # which features each kind of op uses (by op name)
 _OP_SCALE = (1e3, 1e6, 1e2, 1e2, 1e4, 1.0)  # typical magnitudes, for a well-conditioned fit
 XFER_FEATURES = ("num_bytes", "const")
 _XFER_SCALE = (1e6, 1.0)
-MIN_TIME_S = 1e-7  # floor of every prediction
 # NOTE: a transfer between devices that were never profiled together is priced as bytes
 # over a bandwidth (a measured host copy bandwidth divided by this margin, else the default)
 # plus a fixed cost, until the pair is profiled in the background.
@@ -44,7 +49,10 @@ FALLBACK_BANDWIDTH_BYTES_S = 1e9
 FALLBACK_XFER_CONST_S = 1e-4
 logger = logging.getLogger(__name__)
 _GROUP = re.compile(r"layers\[(\d+):(\d+)\]")
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+DRIFT_THRESHOLD = 0.15  # |measured / base - 1| (median over a full window) that re-profiles
+REPROFILE_COOLDOWN_S = 300.0  # of op time between re-profiles of one kind or pair (doubles
+# while the drift persists after one)
 
 
 def op_features(s: BatchShape) -> tuple[float, ...]:
@@ -75,115 +83,6 @@ def device_kind(name: str) -> str:
     return "cuda"
 
 
-class LinearEstimator:
-    """time ≈ coef · features, fitted on relative error; weighted RLS online.
-
-    `coef` holds the coefficients in raw feature units (0 where a feature is unused),
-    so a prediction is one dot product of plain floats.
-    """
-
-    def __init__(self, name: str, mask: Sequence[bool], scale: Sequence[float],
-                 forget: float = 0.998, window: int = 500, p0: float = 1e4) -> None:
-        self.name = name
-        self.mask = tuple(mask)
-        self.scale = tuple(scale)
-        self.forget = forget
-        self._cols = [i for i, m in enumerate(self.mask) if m]
-        n = len(self._cols)
-        self.theta = np.zeros(n)  # over the used features, scaled
-        self.p = np.eye(n) * p0  # RLS inverse information matrix
-        self.p0 = p0
-        self.errors: deque[float] = deque(maxlen=window)
-        self.num_obs = 0
-        self.coef: tuple[float, ...] = (0.0,) * len(self.mask)
-
-    def _x(self, raw: Sequence[float]) -> np.ndarray:
-        return np.array([raw[i] / self.scale[i] for i in self._cols])
-
-    def _publish(self) -> None:
-        coef = [0.0] * len(self.mask)
-        for j, i in enumerate(self._cols):
-            coef[i] = float(self.theta[j]) / self.scale[i]
-        self.coef = tuple(coef)
-
-    def predict(self, raw: Sequence[float]) -> float:
-        t = sum(c * x for c, x in zip(self.coef, raw, strict=True))
-        return t if t > MIN_TIME_S else MIN_TIME_S
-
-    def fit(self, xs: Sequence[Sequence[float]], ys: Sequence[float], ridge: float = 1e-9) -> None:
-        """Batch fit (replaces the state); features whose coefficient would be negative
-        are dropped one at a time, so the model stays monotone in every feature."""
-        a = np.array([self._x(x) / y for x, y in zip(xs, ys, strict=True)])  # rows x/y
-        keep = list(range(len(self._cols)))
-        while True:
-            sub = a[:, keep]
-            info = sub.T @ sub + ridge * np.eye(len(keep))
-            theta = np.linalg.solve(info, sub.T @ np.ones(len(a)))
-            neg = [k for k, t in zip(keep, theta, strict=True) if t < 0]
-            if not neg or len(keep) == 1:
-                break
-            keep.remove(min(neg, key=lambda k: theta[keep.index(k)]))
-        self.theta = np.zeros(len(self._cols))
-        self.theta[keep] = theta
-        self.p = np.zeros((len(self._cols),) * 2)
-        self.p[np.ix_(keep, keep)] = np.linalg.inv(info)
-        self._publish()
-
-    def observe(self, raw: Sequence[float], seconds: float, learn: bool = True) -> float:
-        """Score the current prediction against `seconds`, then (if `learn`) refit."""
-        ape = abs(self.predict(raw) - seconds) / max(seconds, MIN_TIME_S)
-        self.errors.append(ape)
-        self.num_obs += 1
-        if learn and seconds > 0:
-            self._rls(self._x(raw) / seconds)
-        return ape
-
-    def _rls(self, x: np.ndarray) -> None:
-        # minimise sum of (theta·x/y - 1)^2 with forgetting: target is 1 for every sample
-        px = self.p @ x
-        gain = px / (self.forget + x @ px)
-        self.theta = self.theta + gain * (1.0 - x @ self.theta)
-        self.p = (self.p - np.outer(gain, px)) / self.forget
-        if np.trace(self.p) > self.p0 * len(x):  # NOTE: bound wind-up on unexcited inputs
-            self.p *= self.p0 * len(x) / np.trace(self.p)
-        self._publish()
-
-    def mape(self) -> float | None:
-        return sum(self.errors) / len(self.errors) if self.errors else None
-
-    @classmethod
-    def fixed(cls, name: str, mask: Sequence[bool], scale: Sequence[float],
-              coef: Sequence[float]) -> LinearEstimator:
-        """An estimator with given coefficients (raw feature units); used for fallbacks."""
-        e = cls(name, mask, scale)
-        e.theta = np.array([coef[i] * scale[i] for i in e._cols])
-        e._publish()
-        return e
-
-    def clone(self, name: str, factor: float = 1.0) -> LinearEstimator:
-        """A copy under another name, coefficients times `factor`, with no error history."""
-        c = LinearEstimator(name, self.mask, self.scale, self.forget, self.errors.maxlen or 500,
-                            self.p0)
-        c.theta, c.p = self.theta * factor, self.p.copy()
-        c._publish()
-        return c
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "mask": self.mask, "scale": self.scale,
-                "forget": self.forget, "p0": self.p0, "theta": self.theta.tolist(),
-                "p": self.p.tolist(), "num_obs": self.num_obs, "errors": list(self.errors),
-                "window": self.errors.maxlen}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> LinearEstimator:
-        e = cls(d["name"], d["mask"], d["scale"], d["forget"], d["window"], d["p0"])
-        e.theta, e.p = np.array(d["theta"], dtype=float), np.array(d["p"], dtype=float)
-        e.num_obs = d["num_obs"]
-        e.errors.extend(d["errors"])
-        e._publish()
-        return e
-
-
 class Estimators:
     """Every estimator of a deployment: ops per (device kind, op name), transfers per pair.
 
@@ -192,13 +91,13 @@ class Estimators:
     prediction, then refits unless `freeze()` was called.
     """
 
-    def __init__(self, kinds: dict[str, str] | None = None, forget: float = 0.998,
-                 window: int = 500) -> None:
+    def __init__(self, kinds: dict[str, str] | None = None, window: int = 64,
+                 refit_every: int = 16) -> None:
         self.ops: dict[tuple[str, str], LinearEstimator] = {}  # (kind, op name)
         self.transfers: dict[tuple[str, str], LinearEstimator] = {}  # (src, dst) device or kind
         self.meta: dict[str, Any] = {}  # what the fit was made for (profiling's cache key)
         self.frozen = False
-        self.forget, self.window = forget, window
+        self.window, self.refit_every = window, refit_every
         self._kinds = dict(kinds or {})  # device name -> kind (overrides, and a cache)
         self._op_cache: dict[tuple[str, str], LinearEstimator] = {}  # (device, op name)
         self._xfer_cache: dict[tuple[str, str], LinearEstimator] = {}  # (src, dst) devices
@@ -209,10 +108,15 @@ class Estimators:
         self.missing_ops: set[tuple[str, str]] = set()  # (kind, op name) priced by fallback
         self.missing_pairs: set[tuple[str, str]] = set()  # (src, dst) priced by fallback
         self._to_profile: list[tuple[str, str]] = []  # pairs not yet handed out to profile
+        self.interference: Interference | None = None  # co-location slowdowns, if profiled
+        self._overlaps: Overlaps | None = None
+        self.drift = DriftWatch()
+        # called with a device kind whose ops drifted (the factory wires the re-profiler)
+        self.on_drift: Callable[[str], None] | None = None
 
     # -- the simulator's hot path --------------------------------------------------------
     def op_time(self, device: Device | str, op_name: str, shape: BatchShape) -> float:
-        """Predicted seconds of template op `op_name` for a batch of `shape` on `device`."""
+        """Predicted solo seconds of template op `op_name` for a batch of `shape` on `device`."""
         name = device if isinstance(device, str) else device.name
         est = self._op_cache.get((name, op_name))
         if est is None:
@@ -244,19 +148,41 @@ class Estimators:
         """Learn from a DONE op's measured `(start, end)`; returns the prediction's APE.
 
         Compute ops refit (device kind, op name); a SEND refits its (src, dst) pair.
-        RECVs and unfinished or failed ops are ignored (None).
+        RECVs and unfinished or failed ops are ignored (None). On a host that devices
+        share, the op is learnt (as its solo time) once what ran beside it is known, maybe
+        at a later call: then this returns None.
         """
         if op.state is not OpState.DONE or op.start is None or op.end is None:
             return None
-        seconds = op.end - op.start
+        if op.role is OpRole.RECV or (op.role is OpRole.SEND and op.peer is None):
+            return None
+        ov = self._overlaps
+        if ov is None or not ov.shares(op.device):
+            return self._learn(op, op.end - op.start)
+        ape = None
+        for item, solo_s in ov.add(op.device, op.name, op.start, op.end, op):
+            a = self._learn(item, solo_s)  # type: ignore[arg-type]
+            ape = a if item is op else ape
+        return ape
+
+    def flush(self, now: float) -> None:
+        """Learn the ops on shared hosts still waiting for what ran beside them, if they
+        ended `Overlaps.settle_s` before `now` (the scheduler's clock): the other devices
+        were idle since."""
+        if self._overlaps is not None:
+            for item, solo_s in self._overlaps.flush(now):
+                self._learn(item, solo_s)  # type: ignore[arg-type]
+
+    def _learn(self, op: OpInstance, seconds: float) -> float:
         if op.role is OpRole.COMPUTE:
-            return self.observe_op(op.device, op.name, op.shape, seconds)
-        if op.role is OpRole.SEND and op.peer is not None:
-            return self.observe_transfer(op.device, op.peer.device, op.transfer_bytes, seconds)
-        return None
+            return self.observe_op(op.device, op.name, op.shape, seconds, op.end)
+        assert op.peer is not None
+        return self.observe_transfer(op.device, op.peer.device, op.transfer_bytes, seconds,
+                                     op.end)
 
     def observe_op(self, device: Device | str, op_name: str, shape: BatchShape,
-                   seconds: float) -> float:
+                   seconds: float, at: float | None = None) -> float:
+        """Score and learn one solo time of `op_name` on `device`, measured at `at`."""
         name = device if isinstance(device, str) else device.name
         kind = self.kind_of(name)
         try:
@@ -266,16 +192,28 @@ class Estimators:
         if (kind, op_name) not in self.ops:  # a fallback: learn from it onwards
             est = self.ops[(kind, op_name)] = est.clone(f"{kind}/{op_name}")
             self._op_cache.clear()
-        return est.observe(op_features(shape), seconds, learn=not self.frozen)
+        ape = est.observe(op_features(shape), seconds, learn=not self.frozen, at=at)
+        if self.drift.check(est, kind, at):
+            logger.warning("%s drifted to %.2fx its profiled time: re-profiling %s", est.name,
+                           est.level, kind)
+            if self.on_drift is not None:
+                self.on_drift(kind)
+        return ape
 
-    def observe_transfer(self, src: str, dst: str, num_bytes: int, seconds: float) -> float:
+    def observe_transfer(self, src: str, dst: str, num_bytes: int, seconds: float,
+                         at: float | None = None) -> float:
         key = (src, dst)
         est = self.transfers.get(key)
         if est is None:  # the first timing of this exact pair: from its kind pair or fallback
             base = self._resolve_xfer(src, dst)
             est = self.transfers[key] = base.clone(_xfer_name(*key))
             self._xfer_cache.pop(key, None)
-        return est.observe((num_bytes, 1.0), seconds, learn=not self.frozen)
+        ape = est.observe((num_bytes, 1.0), seconds, learn=not self.frozen, at=at)
+        if self.drift.check(est, key, at):
+            logger.warning("%s drifted to %.2fx its profiled time: re-profiling it", est.name,
+                           est.level)
+            self._to_profile.append(key)
+        return ape
 
     def fit_op(self, kind: str, op_name: str, shapes: Sequence[BatchShape],
                seconds: Sequence[float]) -> LinearEstimator:
@@ -287,10 +225,25 @@ class Estimators:
                      seconds: Sequence[float]) -> LinearEstimator:
         """Fit `(src, dst)`; both may be device names or kinds (a kind pair is a fallback)."""
         est = self.transfers[(src, dst)] = LinearEstimator(
-            _xfer_name(src, dst), (True, True), _XFER_SCALE, self.forget, self.window)
+            _xfer_name(src, dst), (True, True), _XFER_SCALE, self.window, self.refit_every)
         est.fit([(b, 1.0) for b in num_bytes], seconds)
         self._xfer_cache.clear()
         return est
+
+    def rebase_kind(self, kind: str, fresh: Estimators) -> None:
+        """Take the base fits of `kind`'s ops from a re-profile (`fresh`), keeping the
+        observations; layer groups it did not time are scaled copies as usual."""
+        for (k, name), est in fresh.ops.items():
+            if k == kind and (k, name) in self.ops:
+                self.ops[(k, name)].rebase(est)
+            elif k == kind:
+                self.ops[(k, name)] = est
+        self._op_cache.clear()
+
+    def set_interference(self, inter: Interference | None) -> None:
+        """Use `inter` to bring measured times back to solo times (and save it with the fit)."""
+        self.interference = inter
+        self._overlaps = Overlaps(inter) if inter is not None and not inter.is_neutral() else None
 
     def freeze(self) -> None:
         """Stop refitting; observations still score predictions (held-out MAPE)."""
@@ -301,16 +254,23 @@ class Estimators:
 
     def mape(self) -> dict[str, float]:
         """Running MAPE (fraction) of each estimator that has scored predictions."""
-        out = {}
-        for est in [*self.ops.values(), *self.transfers.values()]:
-            m = est.mape()
-            if m is not None:
-                out[est.name] = m
-        return out
+        return {e.name: m for e in self._all() if (m := e.mape()) is not None}
+
+    def sample_cov(self) -> dict[str, float]:
+        """Run-to-run noise (CoV, fraction) each estimator's profiling sweep measured."""
+        return {e.name: e.sample_cov for e in self._all() if e.sample_cov is not None}
+
+    def levels(self) -> dict[str, float]:
+        """Measured over profiled time (median of the window) of each estimator that has
+        observations: 1.0 while the machine runs as profiled."""
+        return {e.name: e.level for e in self._all() if e.level_n}
 
     def reset_errors(self) -> None:
-        for est in [*self.ops.values(), *self.transfers.values()]:
+        for est in self._all():
             est.errors.clear()
+
+    def _all(self) -> list[LinearEstimator]:
+        return [*self.ops.values(), *self.transfers.values()]
 
     # -- lookup --------------------------------------------------------------------------
     def kind_of(self, device: str) -> str:
@@ -321,7 +281,7 @@ class Estimators:
 
     def _new_op(self, kind: str, op_name: str) -> LinearEstimator:
         est = self.ops[(kind, op_name)] = LinearEstimator(
-            f"{kind}/{op_name}", op_mask(op_name), _OP_SCALE, self.forget, self.window)
+            f"{kind}/{op_name}", op_mask(op_name), _OP_SCALE, self.window, self.refit_every)
         self._op_cache.clear()
         return est
 
@@ -379,7 +339,8 @@ class Estimators:
     def to_json(self) -> str:
         return json.dumps({
             "version": FORMAT_VERSION, "op_features": OP_FEATURES, "meta": self.meta,
-            "forget": self.forget, "window": self.window,
+            "window": self.window, "refit_every": self.refit_every,
+            "interference": self.interference.to_dict() if self.interference else None,
             "copy_bandwidth_bytes_s": self.copy_bandwidth_bytes_s,
             "ops": [{"kind": k, "op": n, **e.to_dict()} for (k, n), e in self.ops.items()],
             "transfers": [{"src": s, "dst": d, **e.to_dict()}
@@ -391,14 +352,44 @@ class Estimators:
         d = json.loads(text)
         if d.get("version") != FORMAT_VERSION or tuple(d["op_features"]) != OP_FEATURES:
             raise ValueError("estimators saved in another format; profile again")
-        est = cls(kinds, d["forget"], d["window"])
+        est = cls(kinds, d["window"], d["refit_every"])
         est.meta = d["meta"]
+        if d["interference"] is not None:
+            est.set_interference(Interference.from_dict(d["interference"]))
         est.copy_bandwidth_bytes_s = d.get("copy_bandwidth_bytes_s")
         for o in d["ops"]:
             est.ops[(o["kind"], o["op"])] = LinearEstimator.from_dict(o)
         for t in d["transfers"]:
             est.transfers[(t["src"], t["dst"])] = LinearEstimator.from_dict(t)
         return est
+
+
+class DriftWatch:
+    """Hands out an estimator's kind (or pair) for a re-profile once its level (measured
+    over profiled time, median of a full window) is off by more than `threshold`; then
+    waits `cooldown_s` of op time before it may again, twice as long after each time
+    while the drift persists. Checks need the observations' times."""
+
+    def __init__(self, threshold: float = DRIFT_THRESHOLD,
+                 cooldown_s: float = REPROFILE_COOLDOWN_S) -> None:
+        self.threshold, self.cooldown_s = threshold, cooldown_s
+        self._next: dict[object, float] = {}  # key -> earliest op time it may fire again
+        self._wait: dict[object, float] = {}  # key -> the cooldown after its next firing
+        self.fired: list[object] = []  # keys handed out, in order
+
+    def check(self, est: LinearEstimator, key: object, at: float | None) -> bool:
+        level = est.drift()
+        if level is None or at is None:
+            return False
+        if abs(level - 1.0) <= self.threshold:
+            self._wait.pop(key, None)  # back where it was profiled: a later drift is new
+            return False
+        if at < self._next.get(key, float("-inf")):
+            return False
+        wait = self._wait.get(key, self.cooldown_s)
+        self._next[key], self._wait[key] = at + wait, 2 * wait
+        self.fired.append(key)
+        return True
 
 
 def _xfer_name(src: str, dst: str) -> str:

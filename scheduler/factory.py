@@ -11,7 +11,7 @@ from models.loader import Model
 from scheduler.config import SchedulerConfig
 from scheduler.estimators import FALLBACK_BANDWIDTH_BYTES_S, FALLBACK_MARGIN, Estimators
 from scheduler.execution import ExecutorFactory
-from scheduler.profiling import fallback_coefficients, load_or_profile
+from scheduler.profiling import cpu_hosts, fallback_coefficients, load_or_profile
 from scheduler.reprofile import PairProfiler
 from scheduler.scheduler import Scheduler
 
@@ -54,5 +54,11 @@ def build_scheduler(model: Model, devices: list[Device], cfg: SchedulerConfig,
     est.fallback_op = fallback_coefficients(model.template, bandwidth / FALLBACK_MARGIN)
     sched = Scheduler(model, devices, cfg.policy, est.op_time, est.transfer_time, cfg,
                       executor_factory=executor_factory, estimator=est)
-    sched.profiler = PairProfiler(model, est)
+    if est.interference is not None:  # the profiled slowdowns, for these devices
+        est.set_interference(est.interference.with_hosts(cpu_hosts([d.name for d in devices])))
+    gmg = sched.gmg
+    gmg.interference = est.interference  # the simulator slows ops overlapping on a host
+    sched.profiler = PairProfiler(model, est, devices=[d.name for d in devices],
+                                  idle=lambda: not gmg.scheduled)
+    est.on_drift = sched.profiler.request_kind
     return sched

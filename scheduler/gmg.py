@@ -7,9 +7,10 @@ never sees later mutation.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from executors.interference import Interference
 from executors.memory import MemoryLedger
 from executors.types import Device, OpInstance, OpState, Priority
 from scheduler.kv import KVManager
@@ -48,6 +49,10 @@ class Snapshot:
     ops: tuple[SimOp, ...]
     devices: tuple[DeviceView, ...]
     deadlines: tuple[tuple[str, float], ...]  # (request id, TTFT deadline) still pending
+    interference: Interference | None = None  # slowdown of ops overlapping on one host
+    # NOTE: the simulator keeps what it derives from `ops` here (its graph, built once and
+    # shared by every candidate simulated on this snapshot); `replace` starts it empty
+    cache: dict[str, Any] = field(init=False, default_factory=dict, repr=False, compare=False)
 
 
 class GMG:
@@ -62,6 +67,7 @@ class GMG:
         self.scheduled: dict[int, OpInstance] = {}  # issued or running
         self.first_token_of: dict[int, tuple[str, ...]] = {}
         self.deadlines: dict[str, float] = {}  # request id -> TTFT deadline, until first token
+        self.interference: Interference | None = None  # set from the estimators' profile
 
     def add(self, ops: list[OpInstance], first_token_of: dict[int, tuple[str, ...]]) -> None:
         for op in ops:
@@ -99,7 +105,7 @@ class GMG:
                     if op.state is not OpState.DONE)
         devs = tuple(DeviceView(d, self.ledgers[d].capacity_bytes, self.ledgers[d].used_bytes)
                      for d in self.devices)
-        return Snapshot(now, ops, devs, tuple(self.deadlines.items()))
+        return Snapshot(now, ops, devs, tuple(self.deadlines.items()), self.interference)
 
     def _sim_op(self, op: OpInstance, now: float) -> SimOp:
         floor = op.issued_at or now

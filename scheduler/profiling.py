@@ -3,11 +3,15 @@
 For each device kind the sweep runs the model's operator chain (through
 `models` directly, in the calling thread, on `threads` torch threads) for
 prefills, prefill chunks on top of KV, and decode batches × context lengths;
-each op's time is the median of `repeats` runs after a warm-up. Transfers are
-timed as the copy of an activation tensor into a freshly allocated buffer (what
-a SEND does after its RECV). The fit is cached as JSON under
-`cache_root()/estimators`, keyed by model folder, dtype, layers per group,
-device kinds, torch version and the sweep, so a restart reads it back at once.
+each op's time is the median of `repeats` runs after a warm-up, and each op's
+sample CoV (run-to-run noise, the floor of any prediction's error) is kept
+beside its fit. Transfers are timed as the copy of an activation tensor into a
+freshly allocated buffer (what a SEND does after its RECV). Where two or more
+`cpu:N` devices share this host, the co-location sweep (scheduler/colocation.py)
+measures how much each op class slows down while another device runs each
+class. The fit is cached as JSON under `cache_root()/estimators`, keyed by
+model folder, dtype, layers per group, device kinds, torch version and the
+sweep, so a restart reads it back at once.
 """
 
 from __future__ import annotations
@@ -19,28 +23,30 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
+from executors.interference import Interference
 from executors.types import Device
-from models.batch import Batch, BatchShape, SeqSpec, build_batch
+from models.batch import BatchShape
 from models.default_model import cache_root
-from models.kv_cache import KVCache, blocks_for
 from models.loader import Model
 from models.template import GraphTemplate, OpKind
+from scheduler.colocation import profile_colocation
 from scheduler.estimators import Estimators, device_kind
+from scheduler.oprunner import Case, Clock, ShapeRunner, copy_bandwidth, time_copies, torch_threads
 
 logger = logging.getLogger(__name__)
 
-SWEEP_VERSION = 1  # NOTE: bump when the measuring method changes, so caches are refitted
+# NOTE: bump when the measuring method changes, so caches are refitted (2: co-location
+# slowdowns and each op's sample CoV are measured too; 3: each round runs the cases in a
+# shuffled order)
+SWEEP_VERSION = 3
 FALLBACK_FLOPS_S = 20e9  # compute rate assumed for a device kind never profiled
-
-Case = tuple[tuple[int, ...], tuple[int, ...]]  # (new tokens per seq, past tokens per seq)
-
+HOST = "local"  # the host of every cpu:N device (they share this machine's cores)
 
 @dataclass(frozen=True, slots=True)
 class Sweep:
@@ -54,126 +60,13 @@ class Sweep:
     repeats: int = 3
     transfer_repeats: int = 21  # copies take microseconds and jitter: many runs are cheap
     block_size: int = 16
+    colocation_repeats: int = 3  # rounds of the co-location sweep (0: do not measure)
 
     def cases(self) -> list[Case]:
         out: list[Case] = [((n,), (0,)) for n in self.prefill_tokens]
         out += [((n,), (p,)) for n, p in self.chunks]
         out += [((1,) * b, (c,) * b) for b in self.decode_batches for c in self.decode_contexts]
         return out
-
-
-@dataclass(slots=True)
-class OpSample:
-    """One shape's timings: per template op, every run (seconds)."""
-
-    shape: BatchShape
-    runs: list[list[float]]  # [op][run]
-
-    def median(self, op: int) -> float:
-        return statistics.median(self.runs[op])
-
-    def cov(self, op: int) -> float:
-        """Coefficient of variation of one op's runs."""
-        r = self.runs[op]
-        return statistics.pstdev(r) / statistics.fmean(r) if len(r) > 1 else 0.0
-
-
-def _sync(device: torch.device) -> Callable[[], None]:
-    if device.type == "cuda":
-        return lambda: torch.cuda.synchronize(device)
-    return lambda: None
-
-
-Clock = Callable[[], float]
-# NOTE: executors stamp wall time, so estimators are fitted on it; `time.thread_time`
-# (CPU time of this thread) is there to tell model error from preemption on a busy host.
-CLOCKS: dict[str, Clock] = {"wall": time.perf_counter, "cpu": time.thread_time}
-
-
-class ShapeRunner:
-    """Runs the operator chain of `model` on one device for batches of given shapes."""
-
-    def __init__(self, model: Model, device: torch.device, cases: Sequence[Case],
-                 block_size: int = 16, clock: Clock = time.perf_counter) -> None:
-        self.model, self.device, self.block_size = model, device, block_size
-        self.clock = clock
-        self.ops = model.ops_on(device)
-        need = max(sum(blocks_for(n + p, block_size) for n, p in zip(*c, strict=True))
-                   for c in cases)
-        self.kv: KVCache = model.new_kv_cache(need, block_size, device=device)
-        for t in [*self.kv.keys.values(), *self.kv.values.values()]:
-            t.fill_(0.01)  # NOTE: touch every page, or untouched zero pages make reads cheap
-        self._sync = _sync(device)
-
-    def batch(self, case: Case) -> Batch:
-        """A batch of `case`'s shape. Its KV blocks go back to the pool at once: batches of
-        different cases share blocks (only one runs at a time), sequences of one never do."""
-        seqs = []
-        vocab = self.model.config.vocab_size
-        for i, (n, past) in enumerate(zip(*case, strict=True)):
-            table = self.kv.allocator.allocate(blocks_for(n + past, self.block_size))
-            ids = [(7 * i + 13 * j + 1) % vocab for j in range(n)]
-            seqs.append(SeqSpec(f"p{i}", ids, past, table, sample=True))
-        batch = build_batch(seqs, self.block_size, self.device)
-        for s in seqs:
-            self.kv.allocator.free(list(s.block_table))
-        return batch
-
-    def run_once(self, batch: Batch) -> list[float]:
-        """Seconds of each op, one chain run."""
-        times, x = [], None
-        clock = self.clock
-        for op in self.ops:
-            t0 = clock()
-            x = op.run(batch, x, self.kv)
-            self._sync()
-            times.append(clock() - t0)
-        return times
-
-    def sample_all(self, cases: Sequence[Case], repeats: int) -> list[OpSample]:
-        """Every case `repeats` times after a warm-up round, interleaved (each round runs
-        every case once), so a change in background load hits all shapes alike."""
-        batches = [self.batch(c) for c in cases]
-        runs: list[list[list[float]]] = [[] for _ in cases]
-        for r in range(repeats + 1):
-            for i, b in enumerate(batches):
-                t = self.run_once(b)
-                if r:
-                    runs[i].append(t)
-        return [OpSample(b.shape, [list(col) for col in zip(*rs, strict=True)])
-                for b, rs in zip(batches, runs, strict=True)]
-
-
-def time_copies(model: Model, src: torch.device, dst: torch.device,
-                tokens: Sequence[int], repeats: int,
-                clock: Clock = time.perf_counter) -> list[tuple[int, list[float]]]:
-    """(bytes, seconds per run) of copying [n, hidden] activations src -> dst, for each n in
-    `tokens`: a fresh destination buffer each run (the RECV, not timed), rounds interleaved."""
-    xs = [torch.randn(n, model.config.hidden_size).to(device=src, dtype=model.dtype)
-          for n in tokens]
-    sync_src, sync_dst = _sync(src), _sync(dst)
-    times: list[list[float]] = [[] for _ in xs]
-    for r in range(repeats + 1):  # round 0 is a warm-up
-        for x, ts in zip(xs, times, strict=True):
-            buf = torch.empty(x.shape, dtype=x.dtype, device=dst)
-            sync_dst()
-            t0 = clock()
-            buf.copy_(x, non_blocking=src.type == "cuda")
-            sync_src()
-            sync_dst()
-            if r:
-                ts.append(clock() - t0)
-    return [(x.numel() * x.element_size(), ts) for x, ts in zip(xs, times, strict=True)]
-
-
-@contextmanager
-def torch_threads(n: int) -> Iterator[None]:
-    old = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
 
 
 def _representatives(devices: Sequence[str], kinds: dict[str, str]) -> dict[str, str]:
@@ -192,18 +85,6 @@ def _pairs(devices: Sequence[str], kinds: dict[str, str]) -> dict[tuple[str, str
             if s != d:
                 out.setdefault((kinds[s], kinds[d]), (s, d))
     return out
-
-
-def copy_bandwidth(num_bytes: int = 64 << 20, repeats: int = 5) -> float:
-    """Host memory copy bandwidth in bytes/s (median of `repeats` copies of `num_bytes`)."""
-    src = torch.ones(num_bytes // 4, dtype=torch.float32)
-    dst = torch.empty_like(src)
-    times = []
-    for _ in range(repeats + 1):
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        times.append(time.perf_counter() - t0)
-    return num_bytes / statistics.median(times[1:])
 
 
 def fallback_coefficients(template: GraphTemplate, bandwidth_bytes_s: float,
@@ -229,7 +110,8 @@ def fallback_coefficients(template: GraphTemplate, bandwidth_bytes_s: float,
 def profile(model: Model, devices: Sequence[Device | str], sweep: Sweep | None = None,
             threads: int = 1, kinds: dict[str, str] | None = None,
             clock: Clock = time.perf_counter) -> Estimators:
-    """Time the sweep on one device of each kind (and each kind pair) and fit estimators."""
+    """Time the sweep on one device of each kind (and each kind pair), fit estimators, and
+    measure the co-location slowdowns of the CPU devices."""
     sweep = sweep or Sweep()
     names = [d if isinstance(d, str) else d.name for d in devices]
     kinds = {d: (kinds or {}).get(d) or device_kind(d) for d in names}
@@ -237,18 +119,46 @@ def profile(model: Model, devices: Sequence[Device | str], sweep: Sweep | None =
     t0 = time.perf_counter()
     with torch_threads(threads):
         for kind, dev in _representatives(names, kinds).items():
-            runner = ShapeRunner(model, Device(dev, 1).torch_device, sweep.cases(),
-                                 sweep.block_size, clock)
-            samples = runner.sample_all(sweep.cases(), sweep.repeats)
-            for i, t in enumerate(model.template.ops):
-                est.fit_op(kind, t.name, [s.shape for s in samples],
-                           [s.median(i) for s in samples])
+            fit_kind(est, model, kind, dev, sweep, clock)
         for (ks, kd), (s, d) in _pairs(names, kinds).items():
             est.fit_transfer(ks, kd, *profile_pair(model, s, d, sweep, clock))
         est.copy_bandwidth_bytes_s = copy_bandwidth()
-    logger.info("profiled %s on %s in %.1f s", model.name, ", ".join(names),
-                time.perf_counter() - t0)
+    est.set_interference(colocation(model, names, sweep, threads, clock))
+    logger.info("profiled %s on %s in %.1f s; sample CoV per op: %s; co-location: %s",
+                model.name, ", ".join(names), time.perf_counter() - t0,
+                ", ".join(f"{e.name} {e.sample_cov:.1%}" for e in est.ops.values()
+                          if e.sample_cov is not None), est.interference)
     return est
+
+
+def fit_kind(est: Estimators, model: Model, kind: str, device: str, sweep: Sweep,
+             clock: Clock = time.perf_counter,
+             pause: Callable[[], None] | None = None) -> None:
+    """Time the sweep's cases on `device` and (re)fit every op of `kind` from them.
+    `pause` runs before each case (a re-profile waits there for the host to go idle)."""
+    runner = ShapeRunner(model, Device(device, 1).torch_device, sweep.cases(),
+                         sweep.block_size, clock)
+    samples = runner.sample_all(sweep.cases(), sweep.repeats, pause)
+    for i, t in enumerate(model.template.ops):
+        fitted = est.fit_op(kind, t.name, [s.shape for s in samples],
+                            [s.median(i) for s in samples])
+        fitted.sample_cov = statistics.fmean(s.cov(i) for s in samples)
+
+
+def cpu_hosts(names: Sequence[str]) -> dict[str, str]:
+    """device -> host for the CPU devices among `names` (all on this machine's cores)."""
+    return {n: HOST for n in names if n.startswith("cpu")}
+
+
+def colocation(model: Model, names: Sequence[str], sweep: Sweep, threads: int = 1,
+               clock: Clock = time.perf_counter) -> Interference | None:
+    """The slowdowns of op classes overlapping on the CPU devices (None with fewer than two)."""
+    hosts = cpu_hosts(names)
+    if len(hosts) < 2 or sweep.colocation_repeats < 1:
+        return None
+    factors = profile_colocation(model, Device(next(iter(hosts)), 1).torch_device, threads,
+                                 sweep.colocation_repeats, clock)
+    return Interference(hosts, factors)
 
 
 def profile_pair(model: Model, src: str, dst: str, sweep: Sweep | None = None,

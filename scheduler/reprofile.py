@@ -1,57 +1,124 @@
-"""Profiling in the background what the start-up fit lacks: transfers between device pairs.
+"""Profiling in the background what the estimators lack or lost.
 
-The estimators price an unprofiled pair with a conservative fallback (bytes over
-a bandwidth) and hand the pair out; `PairProfiler` times its copies on a worker
-thread, one pair at a time, and fits the pair's estimator on the event loop. A
-failure is logged and leaves the fallback in place.
+Two kinds of job, one at a time on a supervised task, their timing on a worker
+thread and their fit on the event loop:
+
+- a device pair the start-up fit lacks (or whose transfers drifted): the
+  estimators price it with a conservative fallback meanwhile and hand it out;
+  its copies are timed and its transfer estimator fitted.
+- a device kind whose ops drifted from their profile (`Estimators.on_drift`):
+  the sweep is timed again on a device of that kind and becomes the base of
+  every op of the kind (`Estimators.rebase_kind`). Each case of it waits until
+  the scheduler has no op in flight (`idle`), so it neither slows the serving
+  executors down nor is slowed by them; under constant load it waits, and the
+  online refit tracks the drift meanwhile.
+
+A failure is logged and counted; the estimate in place stays, and the job is
+tried again at the next request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import time
 from collections import deque
+from collections.abc import Callable, Sequence
 
 from models.loader import Model
 from scheduler.estimators import Estimators
-from scheduler.profiling import Sweep, profile_pair
+from scheduler.profiling import Sweep, fit_kind, profile_pair
 
 logger = logging.getLogger(__name__)
 
+IDLE_POLL_S = 0.005
+
+
+class Aborted(Exception):
+    """The re-profile's task was cancelled (the server stops): its thread ends early."""
+
 
 class PairProfiler:
-    """Profiles device pairs handed to `request`, on a supervised background task."""
+    """Profiles device pairs handed to `request` and device kinds handed to `request_kind`,
+    on a supervised background task (see the module docstring)."""
 
-    def __init__(self, model: Model, est: Estimators, sweep: Sweep | None = None) -> None:
+    def __init__(self, model: Model, est: Estimators, sweep: Sweep | None = None,
+                 devices: Sequence[str] = (), idle: Callable[[], bool] | None = None) -> None:
         self.model, self.est, self.sweep = model, est, sweep or Sweep()
-        self._todo: deque[tuple[str, str]] = deque()
+        self.devices = list(devices)  # where a kind's sweep may run
+        self.is_idle = idle or (lambda: True)  # no op in flight (read from the worker thread)
+        self._todo: deque[tuple[str, str] | str] = deque()  # pairs, or device kinds
         self._task: asyncio.Task[None] | None = None
+        self._abort = threading.Event()
         self.done: list[tuple[str, str]] = []  # pairs fitted, in order
+        self.kinds_done: list[str] = []  # kinds re-profiled, in order
+        self.failures = 0
 
     def request(self, pairs: list[tuple[str, str]]) -> None:
         """Queue pairs to profile (call on the event loop)."""
-        self._todo.extend(p for p in pairs if p not in self._todo)
+        self._queue(pairs)
+
+    def request_kind(self, kind: str) -> None:
+        """Queue a device kind whose ops to profile again (call on the event loop)."""
+        self._queue([kind])
+
+    def _queue(self, jobs: Sequence[tuple[str, str] | str]) -> None:
+        self._todo.extend(j for j in jobs if j not in self._todo)
         if self._todo and (self._task is None or self._task.done()):
-            self._task = asyncio.create_task(self._run(), name="slicegate-pair-profiler")
-            self._task.add_done_callback(_log_failure)
+            self._task = asyncio.create_task(self._run(), name="slicegate-reprofiler")
+            self._task.add_done_callback(self._log_failure)
 
     async def _run(self) -> None:
         while self._todo:
-            src, dst = self._todo[0]
-            nbytes, seconds = await asyncio.to_thread(profile_pair, self.model, src, dst,
-                                                      self.sweep)
-            self.est.fit_transfer(src, dst, nbytes, seconds)
+            job = self._todo[0]
+            try:
+                if isinstance(job, str):
+                    await self._kind(job)
+                else:
+                    await self._pair(*job)
+            except asyncio.CancelledError:
+                self._abort.set()
+                raise
             self._todo.popleft()
-            self.done.append((src, dst))
-            logger.info("profiled transfers %s->%s in the background", src, dst)
+
+    async def _pair(self, src: str, dst: str) -> None:
+        nbytes, seconds = await asyncio.to_thread(profile_pair, self.model, src, dst,
+                                                  self.sweep)
+        self.est.fit_transfer(src, dst, nbytes, seconds)
+        self.done.append((src, dst))
+        logger.info("profiled transfers %s->%s in the background", src, dst)
+
+    async def _kind(self, kind: str) -> None:
+        device = next((d for d in self.devices if self.est.kind_of(d) == kind), None)
+        if device is None:
+            logger.warning("no device of kind %s to re-profile on", kind)
+            return
+        fresh = Estimators({device: kind})
+        t0 = time.perf_counter()
+        await asyncio.to_thread(fit_kind, fresh, self.model, kind, device, self.sweep,
+                                time.perf_counter, self._wait_idle)
+        self.est.rebase_kind(kind, fresh)
+        self.kinds_done.append(kind)
+        logger.info("re-profiled the ops of %s on %s in the background in %.1f s", kind,
+                    device, time.perf_counter() - t0)
+
+    def _wait_idle(self) -> None:
+        """Before each case of a kind's sweep (worker thread): wait for no op in flight."""
+        while not self.is_idle():
+            if self._abort.is_set():
+                raise Aborted
+            time.sleep(IDLE_POLL_S)
+        if self._abort.is_set():
+            raise Aborted
 
     async def idle(self) -> None:
         """Wait until nothing is queued (for tests)."""
         while self._task is not None and not self._task.done():
             await asyncio.sleep(0.01)
 
-
-def _log_failure(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        logger.error("background transfer profiling failed; the fallback estimate stays",
-                     exc_info=task.exception())
+    def _log_failure(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self.failures += 1
+            logger.error("background profiling of %s failed; the estimate in place stays",
+                         self._todo[0] if self._todo else "?", exc_info=task.exception())

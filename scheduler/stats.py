@@ -19,7 +19,10 @@ def collect(s: Scheduler) -> SchedulerStats:
         (running if st.status.holds_kv else waiting)[key] += 1
     problem = s.health.problem(s.exec.healthy)
     wall = max(1e-9, s.clock() - s._started_at)
-    mape = s.estimator.mape() if s.estimator is not None else {}
+    est = s.estimator
+    if est is not None:
+        est.flush(s.clock())
+    mape = est.mape() if est is not None else {}
     return SchedulerStats(
         num_running=dict(running), num_waiting=dict(waiting), kv_cache_usage=s.kv.usage(),
         num_preemptions=dict(s.requests.preemptions),
@@ -28,4 +31,18 @@ def collect(s: Scheduler) -> SchedulerStats:
         slo_attainment={p.label: c.attainment for p, c in s.books.slo.items()},
         device_busy_ratio={d: min(1.0, s.exec.busy_s(d) / wall) for d in s.devices},
         round_seconds=s.books.rounds.copy(), estimator_mape=mape,
+        estimator_cov=est.sample_cov() if est is not None else {},
+        estimator_level=est.levels() if est is not None else {},
+        reprofiles=_reprofiles(s),
+        slowdown=dict(est.interference.slowdown) if est is not None and est.interference else {},
         errors_total=s.health.errors_total, healthy=problem is None, health_detail=problem)
+
+
+def _reprofiles(s: Scheduler) -> dict[str, int]:
+    """Background profiles done, per device kind or transfer pair."""
+    p = s.profiler
+    if p is None:
+        return {}
+    done: Counter[str] = Counter(p.kinds_done)
+    done.update(f"{a}->{b}" for a, b in p.done)
+    return dict(done)

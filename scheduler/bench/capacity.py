@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import random
 import re
 import statistics
@@ -147,10 +148,27 @@ def _specs(a: argparse.Namespace, folder: Path) -> list[tuple[str, ServerSpec]]:
         out.append((name, ServerSpec(name, cmd, port, "/health", None, 600.0)))
     if a.peer:
         port = free_port()
-        cmd = ("bash", str(PEERS_DIR / "vllm-cpu.sh"), str(folder), str(port))
-        env = (("VLLM_CPU_KVCACHE_SPACE", f"{gib * a.vllm_devices:g}"),)
+        blocks = vllm_blocks(folder, a.kv_cache_mib * a.vllm_devices * 2**20)
+        cmd = ("bash", str(PEERS_DIR / "vllm-cpu.sh"), str(folder), str(port),
+               "--num-gpu-blocks-override", str(blocks))
+        env = (("VLLM_CPU_KVCACHE_SPACE", str(math.ceil(gib * a.vllm_devices))),)
         out.append(("vllm", ServerSpec("vllm", cmd, port, "/health", "peer", 1800.0, env=env)))
     return out
+
+
+
+VLLM_CPU_BLOCK_SIZE = 128  # vLLM's CPU backend's block size for this model's attention
+
+
+def vllm_blocks(folder: Path, kv_bytes: float) -> int:
+    """KV blocks of vLLM's CPU build that fit in `kv_bytes` of bf16 KV.
+
+    `VLLM_CPU_KVCACHE_SPACE` takes whole GiB only, so the bench gives vLLM the
+    next whole GiB and caps its pool with `--num-gpu-blocks-override`."""
+    hf = json.loads((folder / "config.json").read_text())
+    head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
+    per_token = 2 * hf["num_hidden_layers"] * hf["num_key_value_heads"] * head_dim * 2
+    return int(kv_bytes // (VLLM_CPU_BLOCK_SIZE * per_token))
 
 
 def main(argv: list[str] | None = None) -> dict[str, object]:

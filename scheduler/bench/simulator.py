@@ -1,4 +1,12 @@
-"""`python -m scheduler bench simulator`: simulation speed, round decision time, accuracy."""
+"""`python -m scheduler bench simulator`: simulation speed, round decision time, accuracy.
+
+Speed is measured on synthetic snapshots twice: with no interference model, and with
+every device on one host and each op class slowed by each other class by its own factor
+(`SYNTHETIC_SLOWDOWN`: the fluid co-location path a live `cpu:0` + `cpu:1` deployment
+takes once profiling measured slowdowns; factors that differ by class make ops re-time
+as the classes running beside them change). The round replay and the accuracy run use
+the profiled model.
+"""
 
 from __future__ import annotations
 
@@ -11,10 +19,12 @@ import statistics
 import time
 from pathlib import Path
 
+from executors.interference import OP_CLASSES, Interference
 from executors.types import Device, OpInstance, OpRole, Priority
 from models.batch import BatchShape
 from models.loader import Model, load
 from models.sampling_params import SamplingParams
+from scheduler.bench.machine import capability_line, load_average, machine_line
 from scheduler.bench.policies import Workload, run_policy
 from scheduler.config import SchedulerConfig
 from scheduler.decision import Admission
@@ -32,10 +42,17 @@ from scheduler.simulator import Candidate, simulate
 from scheduler.state import RequestState
 
 SHAPE = BatchShape(64, 4, 4, 4096, 256)
+CHAIN = ("embed", *(f"layers[{5 * k}:{5 * k + 5}]" for k in range(6)), "head")  # a plan's ops
+_SENSITIVE = {"embed": 0.1, "layers": 0.5, "head": 0.2, "send": 0.05}  # how much it slows
+_HEAVY = {"embed": 0.5, "layers": 1.0, "head": 0.6, "send": 0.3}  # how much it slows others
+SYNTHETIC_SLOWDOWN = {(a, b): 1.0 + _SENSITIVE[a] * _HEAVY[b] for a in OP_CLASSES
+                      for b in OP_CLASSES}
 
 
-def synthetic_gmg(num_devices: int, num_ops: int, seed: int = 0) -> GMG:
-    """Chains of 8 ops (a plan each) over random devices, mixed priorities, all issued."""
+def synthetic_gmg(num_devices: int, num_ops: int, seed: int = 0,
+                  shared: bool = False) -> GMG:
+    """Chains of 8 ops (a plan each) over random devices, mixed priorities, all issued;
+    `shared`: every device on one host, each op class slowed by the others'."""
     from executors.memory import MemoryLedger
     rng = random.Random(seed)
     devs = {f"cpu:{i}": Device(f"cpu:{i}", 1 << 40) for i in range(num_devices)}
@@ -44,8 +61,8 @@ def synthetic_gmg(num_devices: int, num_ops: int, seed: int = 0) -> GMG:
     while len(ops) < num_ops:
         prio, prev = rng.choice(list(Priority)), None
         dev = f"cpu:{rng.randrange(num_devices)}"
-        for i in range(8):
-            op = OpInstance(len(ops), f"op{i}", OpRole.COMPUTE, i, dev, prio, SHAPE, ("r",),
+        for i, name in enumerate(CHAIN):
+            op = OpInstance(len(ops), name, OpRole.COMPUTE, i, dev, prio, SHAPE, ("r",),
                             deps=(prev,) if prev else (), est_s=rng.uniform(1e-3, 2e-2),
                             issued_at=0.0)
             ops.append(op)
@@ -53,15 +70,23 @@ def synthetic_gmg(num_devices: int, num_ops: int, seed: int = 0) -> GMG:
     gmg.add(ops, {})
     for op in ops:
         gmg.mark_issued(op)
+    if shared:
+        gmg.interference = Interference(dict.fromkeys(devs, "host"), SYNTHETIC_SLOWDOWN)
     return gmg
 
 
-def speed(devices: list[int], num_ops: int, repeats: int) -> dict[str, float]:
+def speed(devices: list[int], num_ops: int, repeats: int,
+          shared: bool = False) -> dict[str, float]:
+    """Simulated ops per millisecond (median of `repeats`) per device count.
+
+    NOTE: each repeat simulates a fresh snapshot, so the time includes building its graph
+    (a round builds it once and shares it among its candidates)."""
     out = {}
     for n in devices:
-        snap = synthetic_gmg(n, num_ops).snapshot(0.0)
+        gmg = synthetic_gmg(n, num_ops, shared=shared)
         times = []
         for _ in range(repeats):
+            snap = gmg.snapshot(0.0)
             t0 = time.perf_counter()
             simulate(snap)
             times.append(time.perf_counter() - t0)
@@ -150,7 +175,11 @@ def rounds(model_spec: str, devices: list[Device], seconds: float) -> dict[str, 
                devices[0].memory_bytes / 2**30, 1.0, with_lp=True, on_scheduler=record)
     live = recorder.round_s
     per_round: dict[int, float] = {}
+    seen: set[int] = set()
     for rnd, snap, cand in recorder.calls:
+        if id(snap) not in seen:  # NOTE: build its graph again, as the live round did
+            seen.add(id(snap))
+            snap.cache.clear()
         t0 = time.perf_counter()
         simulate(snap, cand)
         per_round[rnd] = per_round.get(rnd, 0.0) + time.perf_counter() - t0
@@ -174,21 +203,27 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     p.add_argument("--live-seconds", type=float, default=60.0)
     p.add_argument("--json", type=Path, default=None)
     a = p.parse_args(argv)
+    print(machine_line(), flush=True)
     devices = parse_devices(a.devices, 2.0)
     ops = speed([2, 8, 64], a.ops, a.repeats)
+    shared = speed([2, 8, 64], a.ops, a.repeats, shared=True)
     acc = accuracy(a.model, devices, a.repeats)
     rnd = rounds(a.model, devices, a.live_seconds)
-    print("| devices | ops in snapshot | simulated ops/ms |\n|---:|---:|---:|")
+    print("| devices | ops in snapshot | simulated ops/ms | with interference (one host) |\n"
+          "|---:|---:|---:|---:|")
     for n, v in ops.items():
-        print(f"| {n} | {a.ops} | {v:.0f} |")
+        print(f"| {n} | {a.ops} | {v:.0f} | {shared[n]:.0f} |")
     print(f"\nround decision (replayed, quiet): p50 {rnd['round_p50_ms']:.3f} ms, "
           f"p99 {rnd['round_p99_ms']:.3f} ms over {rnd['rounds']} rounds; live round p50 "
           f"{rnd['live_round_p50_ms']:.3f} ms, p99 {rnd['live_round_p99_ms']:.3f} ms")
     print(f"accuracy: end-to-end predicted {acc['e2e_predicted_s']:.3f} s vs actual "
           f"{acc['e2e_actual_s']:.3f} s (error {acc['e2e_error']:.2%}); per-request MAPE "
           f"{acc['request_mape']:.2%}")
-    result: dict[str, object] = {"ops_per_ms": ops, "round_p99_ms": rnd["round_p99_ms"],
-                                 "rounds": rnd, "e2e_error": acc["e2e_error"], "accuracy": acc}
+    print(machine_line())
+    result: dict[str, object] = {"ops_per_ms": ops, "ops_per_ms_shared": shared,
+                                 "round_p99_ms": rnd["round_p99_ms"], "rounds": rnd,
+                                 "e2e_error": acc["e2e_error"], "accuracy": acc,
+                                 "machine": capability_line(), "load_avg": load_average()}
     if a.json:
         a.json.write_text(json.dumps(result, indent=1))
     return result

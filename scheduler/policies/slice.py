@@ -51,7 +51,7 @@ class Recorder:
 @dataclass(slots=True)
 class Scored:
     plan: Plan
-    score: tuple[bool, float]  # (misses its deadline, predicted first token time)
+    score: tuple[int, float]  # (deadlines missed, predicted first token time)
 
 
 class SlicePolicy:
@@ -108,7 +108,9 @@ class SlicePolicy:
         return True
 
     def _best(self, draft: Draft, r: RequestView) -> Scored | None:
-        """The feasible candidate with the best (misses deadline, first token) score.
+        """The feasible candidate with the best (deadlines missed, first token) score: its
+        own deadline, and those of requests placed before it that it alone would make miss
+        (ops overlapping on devices that share a host slow each other down).
 
         NOTE: whichever placement the simulation predicts first wins, split or not: a split
         pins the request's KV (and so its decode steps) to both devices, but an interactive
@@ -124,7 +126,7 @@ class SlicePolicy:
             if pred.oom:
                 continue
             first = pred.first_token.get(r.rid, pred.end)
-            score = (deadline is not None and first > deadline, first)
+            score = ((deadline is not None and first > deadline) + _harmed(draft, pred), first)
             if best is None or score < best.score:
                 plan.predicted_first_token_s = first
                 best = Scored(plan, score)
@@ -266,14 +268,21 @@ class SlicePolicy:
         NOTE: KV pools are reserved whole at start-up and admission is checked against
         them, so the simulated memory that can overflow is activations.
         """
-        snap = draft.snapshot()
-        if not snap.deadlines:
+        if not draft.snapshot().deadlines:
             return True
-        base, pred = draft.baseline(), draft.simulate(plan)
-        if pred.oom:
-            return False
-        for rid, deadline in snap.deadlines:
-            t, before = pred.first_token.get(rid), base.first_token.get(rid)
-            if t is not None and t > deadline and before is not None and before <= deadline:
-                return False  # this plan alone would make it miss
-        return True
+        pred = draft.simulate(plan)
+        return not pred.oom and not _harmed(draft, pred)
+
+
+def _harmed(draft: Draft, pred: Prediction) -> int:
+    """How many requests with a pending TTFT deadline `pred` misses that the draft as it
+    stands (its baseline) keeps."""
+    deadlines = draft.snapshot().deadlines
+    if not deadlines:
+        return 0
+    base, n = draft.baseline(), 0
+    for rid, deadline in deadlines:
+        t, before = pred.first_token.get(rid), base.first_token.get(rid)
+        if t is not None and t > deadline and before is not None and before <= deadline:
+            n += 1  # this plan alone would make it miss
+    return n

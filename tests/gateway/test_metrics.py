@@ -15,7 +15,9 @@ NAMES = (
     "vllm:num_preemptions_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
     "slicegate_slo_attainment", "slicegate_device_busy_ratio", "slicegate_scheduler_round_seconds",
     "slicegate_scheduler_errors_total",
-    "slicegate_estimator_mape", "slicegate_tenant_ttft_slo_seconds",
+    "slicegate_estimator_mape", "slicegate_estimator_sample_cov", "slicegate_estimator_level",
+    "slicegate_estimator_reprofiles_total", "slicegate_colocation_slowdown",
+    "slicegate_tenant_ttft_slo_seconds",
 )
 
 

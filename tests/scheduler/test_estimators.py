@@ -235,3 +235,41 @@ def test_a_fit_is_never_read_back_for_other_kernels(tiny_model_dir: Path, tmp_pa
     load_or_profile(portable, ["cpu:0"], tmp_path, SMALL)
     load_or_profile(other, ["cpu:0"], tmp_path, SMALL)
     assert len(list((tmp_path / "estimators").glob("*.json"))) == 2
+
+
+def _watched(seed: int) -> tuple[Estimators, list[str], random.Random]:
+    rng = random.Random(seed)
+    shapes = _shapes(80, seed=seed)
+    est = Estimators({"cpu:0": "cpu"})
+    est.fit_op("cpu", "layers[0:5]", shapes, [_time(s, TRUE_LAYERS, rng) for s in shapes])
+    fired: list[str] = []
+    est.on_drift = fired.append
+    return est, fired, rng
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_noise_and_outliers_never_trigger_a_reprofile(seed: int) -> None:
+    est, fired, rng = _watched(seed)
+    for k, s in enumerate(_shapes(3000, seed=seed + 10)):
+        t = _time(s, TRUE_LAYERS, rng, noise=0.15)  # a noisy host: CoV 15%
+        if k % 10 == 0:
+            t *= rng.choice([3.0, 0.3])
+        est.observe_op("cpu:0", "layers[0:5]", s, t, at=0.05 * k)
+    assert fired == []
+    assert abs(est.ops[("cpu", "layers[0:5]")].level - 1) < 0.05
+
+
+def test_drift_triggers_a_reprofile_once_per_cooldown() -> None:
+    est, fired, rng = _watched(20)
+    slower = tuple(1.3 * c for c in TRUE_LAYERS)
+    shapes = _shapes(3000, seed=21)
+    for k, s in enumerate(shapes[:100]):  # still as profiled
+        est.observe_op("cpu:0", "layers[0:5]", s, _time(s, TRUE_LAYERS, rng, 0.05), at=0.1 * k)
+    assert fired == []
+    for k, s in enumerate(shapes[100:180]):  # 30% slower from t = 10 s on
+        est.observe_op("cpu:0", "layers[0:5]", s, _time(s, slower, rng, 0.05), at=10 + 0.1 * k)
+    assert fired == ["cpu"]  # once a full window backs it
+    for k, s in enumerate(shapes[180:2000]):  # it persists: again after the cooldown (300 s)
+        est.observe_op("cpu:0", "layers[0:5]", s, _time(s, slower, rng, 0.05), at=18 + 0.2 * k)
+    assert fired == ["cpu", "cpu"]  # at ~310 s; the next one waits 600 s more
+    assert est.drift.fired == ["cpu", "cpu"]

@@ -1,10 +1,14 @@
-"""A two-device server on a one-device fit: requests complete, the missing pair is profiled."""
+"""Background profiles: a missing device pair, and a device kind whose ops drifted."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
+import pytest
+
 from executors.types import Priority
+from models.batch import BatchShape
 from models.loader import load
 from models.sampling_params import SamplingParams
 from scheduler.config import SchedulerConfig
@@ -36,3 +40,38 @@ async def test_a_fit_without_the_pair_serves_and_profiles_it(tiny_model_dir: Pat
     assert events[-1].finish_reason is FinishReason.LENGTH and len(events) == 3
     assert ("cpu:0", "cpu:1") in sched.profiler.done
     assert ("cpu:0", "cpu:1") in est.transfers and sched.stats().errors_total == 0
+
+
+async def test_a_drifted_kind_is_profiled_again_when_the_devices_are_idle(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    model = load(tiny_model_dir, dtype="float32")
+    est = load_or_profile(model, ["cpu:0", "cpu:1"], tmp_path, SMALL)
+    assert est.interference is not None  # two CPU devices: the co-location sweep ran
+    cfg = SchedulerConfig(policy="slice", max_model_len=1024, max_batch_tokens=512)
+    sched = build_scheduler(model, parse_devices("cpu:0,cpu:1", 0.25), cfg, est)
+    assert sched.gmg.interference is est.interference
+    await sched.start()
+    try:
+        req = Request("p", "t", Priority.HIGH, [5, 6, 7, 8], SamplingParams(temperature=0,
+                                                                           max_tokens=2))
+        assert [ev async for ev in sched.submit(req)][-1].finish_reason is FinishReason.LENGTH
+        await asyncio.sleep(1.1)  # Overlaps.settle_s: then an idle cpu:1 ran nothing beside them
+        stats = sched.stats()
+        assert stats.estimator_mape and stats.estimator_cov and stats.slowdown
+        name = model.template.ops[1].name
+        layers = est.ops[("cpu", name)]
+        shape = BatchShape(64, 1, 1, 64 * 64, 64)
+        true_s = est.op_time("cpu:0", name, shape)
+        for e in est.ops.values():  # the machine got three times faster than its profile
+            e.base, e.theta = 3 * e.base, 3 * e.theta
+            e._publish()
+        for k in range(layers.window):
+            est.observe_op("cpu:0", name, shape, true_s, at=100.0 + k)
+        assert sched.profiler is not None
+        await sched.profiler.idle()
+        assert sched.profiler.kinds_done == ["cpu"]
+        assert 0.5 < layers.level < 2.0  # measured against the new profile
+        assert est.op_time("cpu:0", name, shape) == pytest.approx(true_s, rel=0.5)
+        assert sched.stats().reprofiles == {"cpu": 1}
+    finally:
+        await sched.stop()

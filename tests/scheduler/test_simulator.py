@@ -5,14 +5,22 @@ from __future__ import annotations
 import pytest
 
 from executors.fake import VirtualCluster
-from executors.types import OpInstance, Priority
+from executors.interference import Interference
+from executors.types import OpInstance, OpRole, Priority
 from scheduler.gmg import SimOp, Snapshot
 from scheduler.simulator import Candidate, simulate
 from tests.scheduler.helpers import devices, empty_gmg, random_graph
 
+# an injected co-location model: cpu:0 and cpu:1 share a host, cpu:2 is alone
+SHARED = Interference({"cpu:0": "h", "cpu:1": "h", "cpu:2": "other"},
+                      {("compute", "compute"): 1.0, ("layers", "layers"): 1.3,
+                       ("layers", "send"): 1.1, ("send", "layers"): 1.7,
+                       ("head", "layers"): 1.25, ("layers", "head"): 1.05})
 
-def _run_fake(ops: list[OpInstance], n: int) -> dict[int, tuple[float, float]]:
-    cluster = VirtualCluster()
+
+def _run_fake(ops: list[OpInstance], n: int, inter: Interference | None = None
+              ) -> dict[int, tuple[float, float]]:
+    cluster = VirtualCluster(interference=inter)
     for dev in devices(n).values():
         cluster.add(dev, lambda op: None)
     for op in ops:
@@ -21,8 +29,10 @@ def _run_fake(ops: list[OpInstance], n: int) -> dict[int, tuple[float, float]]:
     return {op.op_id: (op.start, op.end) for op in ops}  # type: ignore[misc]
 
 
-def _predict(ops: list[OpInstance], n: int) -> dict[int, tuple[float, float]]:
+def _predict(ops: list[OpInstance], n: int, inter: Interference | None = None
+             ) -> dict[int, tuple[float, float]]:
     gmg = empty_gmg(devices(n))
+    gmg.interference = inter
     gmg.add(ops, {})
     for op in ops:
         op.issued_at = 0.0
@@ -36,6 +46,38 @@ def test_simulator_agrees_exactly_with_fake_executors(seed: int) -> None:
     want = _run_fake(random_graph(seed), 3)
     got = _predict(random_graph(seed), 3)
     assert got == want
+
+
+def _classed(ops: list[OpInstance], seed: int) -> list[OpInstance]:
+    """Name compute ops after real op classes, so that they interfere."""
+    names = ["embed", "layers[0:5]", "layers[5:10]", "head"]
+    for op in ops:
+        if op.role is OpRole.COMPUTE:
+            op.name = names[(op.op_id * 7 + seed) % len(names)]
+    return ops
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_simulator_agrees_exactly_with_fake_executors_under_interference(seed: int) -> None:
+    want = _run_fake(_classed(random_graph(seed), seed), 3, SHARED)
+    got = _predict(_classed(random_graph(seed), seed), 3, SHARED)
+    assert got == want
+    solo = _predict(_classed(random_graph(seed), seed), 3)
+    assert sum(f - s for s, f in got.values()) > sum(f - s for s, f in solo.values())
+
+
+def test_overlap_on_a_shared_host_is_slowed_fluidly() -> None:
+    # two layer groups of 1 s start together on cpu:0 and cpu:1 (slowdown 1.3 each while
+    # both run); a 0.5 s one follows on cpu:1, so cpu:0's op runs alone at the end
+    a = SimOp(0, "layers[0:5]", "cpu:0", Priority.LOW, (), 1.0, 0.0, None, 0)
+    b = SimOp(1, "layers[0:5]", "cpu:1", Priority.LOW, (), 0.26, 0.0, None, 0)
+    c = SimOp(2, "embed", "cpu:2", Priority.LOW, (), 1.0, 0.0, None, 0)
+    snap = Snapshot(0.0, (a, b, c), (), (), SHARED)
+    pred = simulate(snap)
+    assert pred.finish[1] == pytest.approx(0.26 * 1.3)  # slowed all along
+    # a did 0.26 s of solo work by then, then 0.74 s alone
+    assert pred.finish[0] == pytest.approx(0.26 * 1.3 + 0.74)
+    assert pred.finish[2] == 1.0  # alone on its host
 
 
 def test_high_priority_waits_at_most_one_op() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from executors.interference import OP_CLASSES, Interference
 from executors.types import Priority
 from scheduler.gmg import DeviceView, SimOp
 from scheduler.policies import make_policy
@@ -45,6 +46,30 @@ def test_low_work_that_would_break_a_deadline_is_held_back() -> None:
         make_view(waiting=[low], ops=(a, b), deadlines=(("hp", 10.0),)))
     assert [p.placement for p in relaxed.plans] == [single("cpu:0")]
     assert not relaxed.retry_on_progress
+
+
+def test_an_urgent_prefill_avoids_slowing_an_earlier_one_past_its_deadline() -> None:
+    # "a" (issued before) runs on cpu:0: 100 ms, then its head; first token at 105 ms alone.
+    # Started now on idle cpu:1, "b" would overlap it on their shared host and slow it past
+    # 110 ms.
+    a = SimOp(20_001, "layers[0:1]", "cpu:0", Priority.HIGH, (), 0.1, 0.0, 0.0, 0, (), -0.01)
+    head = SimOp(20_002, "head", "cpu:0", Priority.HIGH, (20_001,), 0.005, 0.0, None, 0, ("a",),
+                  -0.01)
+    shared = Interference(dict.fromkeys(("cpu:0", "cpu:1"), "host"),
+                          {(x, y): 1.5 for x in OP_CLASSES for y in OP_CLASSES})
+
+    def placed(deadline: float, inter: Interference | None) -> str:
+        view = make_view(waiting=[req("b", Priority.HIGH, prompt=40, slo=10.0)], ops=(a, head),
+                         deadlines=(("a", deadline),))
+        assert view.snapshot is not None
+        view = dataclasses.replace(view, snapshot=dataclasses.replace(
+            view.snapshot, interference=inter))
+        (plan,) = make_policy("slice").schedule(view).plans
+        return plan.placement[0]
+
+    assert placed(0.11, None) == "cpu:1"  # no co-location model: nothing to harm
+    assert placed(1.0, shared) == "cpu:1"  # slowed, but "a" keeps its deadline
+    assert placed(0.11, shared) == "cpu:0"  # waits behind "a" instead
 
 
 def test_when_every_candidate_is_oom_the_request_waits_without_error() -> None:
