@@ -97,10 +97,28 @@ ensure_chromium() {
     fi
 }
 
+# NOTE: the native CPU kernels (models/csrc) are compiled at first use with cc/gcc; where none
+# is found models fall back to torch's kernels and their tests skip. Installed like chromium.
+ensure_cc() {
+    command -v cc >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1 || [[ -n "${CC:-}" ]] && return
+    if [[ "$(id -u)" -ne 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
+        log "no C compiler and no root apt-get: the native CPU kernels and their tests are off"
+        return
+    fi
+    log "installing Debian's gcc for the native CPU kernels"
+    local apt_log="$VENV/.slicegate-apt-gcc.log"
+    if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+            apt-get install -y -qq gcc libc6-dev; } >"$apt_log" 2>&1; then
+        tail -n 20 "$apt_log" >&2
+        die "apt-get install gcc failed (full log: $apt_log)"
+    fi
+}
+
 # Runs every check even after a failure, so one run shows all of them.
 run_tests() {
     setup
     ensure_chromium
+    ensure_cc
     local failed=()
     "$VENV/bin/ruff" check . || failed+=(ruff)
     "$VENV/bin/mypy" || failed+=(mypy)

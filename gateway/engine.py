@@ -16,6 +16,7 @@ from gateway.sampling_defaults import SamplingDefaults, load_sampling_defaults
 from models.loader import load
 from scheduler.api import SchedulerAPI
 from scheduler.config import SchedulerConfig
+from scheduler.execution import cpu_threads
 from scheduler.factory import build_scheduler, parse_devices
 
 if TYPE_CHECKING:
@@ -117,9 +118,11 @@ def scheduler_config(s: SchedulerSettings, max_model_len: int) -> SchedulerConfi
 
 def build_engine(config: GatewayConfig) -> Engine:
     """Load `config.model`, profile (or load cached) estimators, build the scheduler."""
-    model = load(config.model.spec, dtype=config.model.dtype)
+    devices = parse_devices(list(config.scheduler.devices), device_memory_gib(config))
+    # NOTE: kernels are chosen for the intra-op threads the CPU executors will run on
+    threads = cpu_threads(sum(d.kind == "cpu" for d in devices))
+    model = load(config.model.spec, dtype=config.model.dtype, threads=threads)
     limit = model.config.max_position_embeddings
     max_len = min(config.model.max_model_len or limit, limit)
-    devices = parse_devices(list(config.scheduler.devices), device_memory_gib(config))
     cfg = scheduler_config(config.scheduler, max_len)
     return engine_for_model(model, build_scheduler(model, devices, cfg), config)

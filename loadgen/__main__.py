@@ -1,12 +1,14 @@
-"""``python -m loadgen replay|bench|stub`` (see ``loadgen/README.md``)."""
+"""``python -m loadgen replay|bench|probe|stub`` (see ``loadgen/README.md``)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import shlex
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
@@ -66,6 +68,33 @@ def _bench(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _probe(args: argparse.Namespace) -> int:
+    from loadgen.overhead import ProbeConfig, markdown, run_probe
+
+    if not args.overhead:
+        raise ValueError("say what to probe: --overhead")
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = args.out or Path("bench-results") / f"overhead-{stamp}"
+    config = ProbeConfig(
+        out=out, model=args.model, dtype=args.dtype, devices=args.devices,
+        prompt_tokens=_ints(args.prompt_tokens), max_tokens=_ints(args.max_tokens),
+        requests=args.requests, rounds=args.rounds, threads=args.threads)
+    if args.serve_cmd:
+        config = replace(config, serve_cmd=tuple(shlex.split(args.serve_cmd)))
+    summary = run_probe(config)
+    summary["command"] = "python -m loadgen " + shlex.join(sys.argv[1:])
+    text = markdown(summary)
+    (out / "overhead.json").write_text(json.dumps(summary, indent=1))
+    (out / "overhead.md").write_text(text + "\n")
+    print(text)
+    print(f"wrote {out}/overhead.json and overhead.md", file=sys.stderr)
+    return 0
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x.strip())
+
+
 def _names(text: str) -> tuple[str, ...]:
     return tuple(n.strip() for n in text.split(",") if n.strip() and n.strip() != "none")
 
@@ -80,6 +109,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
     _replay_parser(sub.add_parser("replay", help="replay tenants' workloads against a server"))
     _bench_parser(sub.add_parser("bench", help="slicegate policies and peers side by side"))
+    _probe_parser(sub.add_parser("probe", help="what the serving path adds to a request"))
     stub = sub.add_parser("stub", help="a model-free OpenAI-compatible server for dry runs",
                           add_help=False)
     stub.set_defaults(fn=None)
@@ -131,7 +161,8 @@ def _bench_parser(b: argparse.ArgumentParser) -> None:
                         "default (first 300 requests, bursty) or strict (a steadier window "
                         "at 0.5x, tight SLO), as in `python -m scheduler bench policies`")
     b.add_argument("--batch", default="concurrency=16,prompt=512,gen=64",
-                   help="batch tenant SOURCE (default: %(default)s)")
+                   help="batch tenant SOURCE, or none: the interactive tenant alone in "
+                        "every run (default: %(default)s)")
     b.add_argument("--tail", type=float, default=2.0,
                    help="mixed runs send for the interactive trace's span + this many seconds")
     b.add_argument("--slo-ms", type=float, default=None,
@@ -154,6 +185,27 @@ def _bench_parser(b: argparse.ArgumentParser) -> None:
     b.add_argument("--out", type=Path, default=None,
                    help="output folder (default: bench-results/DATE-TIME)")
     b.set_defaults(fn=_bench)
+
+
+def _probe_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--overhead", action="store_true",
+                   help="per-request overhead of slicegate's serving path against the operator "
+                        "chain called directly (python -m models direct), at idle")
+    p.add_argument("--model", default="default")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--devices", default="cpu:0", help="slicegate --devices (default: one)")
+    p.add_argument("--prompt-tokens", default="16,128")
+    p.add_argument("--max-tokens", default="1,16")
+    p.add_argument("--requests", type=int, default=20, help="per case, mode and round")
+    p.add_argument("--rounds", type=int, default=2, help="direct and server rounds, interleaved")
+    p.add_argument("--threads", type=int, default=None,
+                   help="intra-op threads of the direct runs (default: as the server's CPU "
+                        "executors, the cores split between the CPU devices)")
+    p.add_argument("--serve-cmd", default=None,
+                   help="command that starts slicegate (default: PYTHON -m gateway serve)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="output folder (default: bench-results/overhead-DATE-TIME)")
+    p.set_defaults(fn=_probe)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -11,6 +11,10 @@
    workload and is held to the same absolute SLO.
 4. One table side by side, with ratios to ``fcfs``: ``bench.md``,
    ``bench.json``, overlay plots; each run's own report under ``runs/NAME/``.
+   A second table gives each run's interactive TTFT p50 / p90 / p99 and TPOT.
+
+``--batch none`` replays the interactive tenant alone on every server (the
+latency floor side by side: slicegate against vLLM on the same stream).
 """
 
 from __future__ import annotations
@@ -83,7 +87,7 @@ class BenchConfig:
     max_model_len: int = 2048  # the vLLM peer script serves 2048
     interactive: str | None = None  # a tenant SOURCE; None: default_interactive(recipe)
     recipe: str = "default"  # the interactive trace's shape when `interactive` is None
-    batch: str = "concurrency=16,prompt=512,gen=64"  # a tenant SOURCE
+    batch: str = "concurrency=16,prompt=512,gen=64"  # a tenant SOURCE; "none": interactive alone
     tail_s: float = 2.0  # mixed runs send batch work until the last interactive arrival + this
     slo_ms: float | None = None  # None: measured by the alone run
     alone_policy: str = "static"  # the policy of the alone run that sets the SLO
@@ -103,7 +107,7 @@ class BenchConfig:
         for peer in self.peers:
             if peer not in ("vllm", "transformers"):
                 raise ValueError(f"unknown peer {peer!r} (known: vllm, transformers)")
-        if "fcfs" not in self.policies:
+        if "fcfs" not in self.policies and self.batch.strip() != "none":
             raise ValueError("the table's ratios are to fcfs: include fcfs in --policies")
         if self.slo_factor <= 0:
             raise ValueError("--slo-factor must be > 0")
@@ -121,10 +125,14 @@ class _Bench:
     prompt: PromptFn
     folder: Path
     interactive: TenantSpec
-    batch: TenantSpec
+    batch: TenantSpec | None  # None: the interactive tenant alone in every run
     duration_s: float
     outcomes: dict[str, RunOutcome] = field(default_factory=dict)
     interrupted: bool = False
+
+    def tenants(self) -> tuple[TenantSpec, ...]:
+        """The tenants of every run after the alone one."""
+        return (self.interactive,) if self.batch is None else (self.interactive, self.batch)
 
 
 def run_bench(config: BenchConfig, command: str = "") -> dict[str, Any]:
@@ -142,7 +150,8 @@ def run_bench(config: BenchConfig, command: str = "") -> dict[str, Any]:
     folder = resolve_model_folder(config.model)
     interactive = TenantSpec(INTERACTIVE, KEYS[INTERACTIVE], parse_source(config.interactive),
                              priority=0)
-    batch = TenantSpec(BATCH, KEYS[BATCH], parse_source(config.batch), priority=2)
+    batch = None if config.batch.strip() == "none" else TenantSpec(
+        BATCH, KEYS[BATCH], parse_source(config.batch), priority=2)
     arrivals = plan_arrivals(interactive.source)
     bench = _Bench(config, _cached_prompts(folder), folder, interactive, batch,
                    duration_s=arrivals[-1].arrival_s + config.tail_s)
@@ -150,7 +159,7 @@ def run_bench(config: BenchConfig, command: str = "") -> dict[str, Any]:
     try:
         slo_s, slo_source, alone_p90 = _measure_slo(bench)
         for policy in config.policies:
-            _slicegate_run(bench, policy, (interactive, batch), slo_s)
+            _slicegate_run(bench, policy, bench.tenants(), slo_s)
         for peer in config.peers:
             _peer_run(bench, peer, slo_s)
     except KeyboardInterrupt:
@@ -237,7 +246,7 @@ def _peer_run(bench: _Bench, peer: str, slo_s: float | None) -> RunOutcome:
         return _record(bench, RunOutcome.failed(peer, f"peer script {script} not found"))
     note = "" if (config.dtype, config.max_model_len) == ("bfloat16", 2048) else (
         "peer serves bfloat16, max model len 2048 (its script's settings)")
-    return _run(bench, spec, (bench.interactive, bench.batch), slo_s, "", note=note)
+    return _run(bench, spec, bench.tenants(), slo_s, "", note=note)
 
 
 def _run(bench: _Bench, spec: ServerSpec, tenants: tuple[TenantSpec, ...],

@@ -50,6 +50,7 @@ def summarize_run(report: Mapping[str, Any], hp: str, lp: str) -> dict[str, Any]
         "hp_ttft_p50_s": high["ttft_s"]["p50"] if high else None,
         "hp_ttft_p90_s": high["ttft_s"]["p90"] if high else None,
         "hp_ttft_p99_s": high["ttft_s"]["p99"] if high else None,
+        "hp_tpot_p50_s": high["tpot_s"]["p50"] if high else None,
         "hp_errors": high["num_errors"] if high else 0,
         "lp_tok_s": low["output_tok_s"] if low else 0.0,
         "total_tok_s": report["total"]["output_tok_s"],
@@ -139,6 +140,36 @@ def goal_lines(outcomes: Mapping[str, RunOutcome], alone_run: str | None = None,
     return [f"- slice: {text}: {marks[ok]}" for text, ok in checks]
 
 
+_LATENCY_KEYS = ("hp_ttft_p50_s", "hp_ttft_p90_s", "hp_ttft_p99_s", "hp_tpot_p50_s")
+
+
+def latency_table(outcomes: Mapping[str, RunOutcome], names: Sequence[str]) -> list[str]:
+    """Each run's interactive TTFT p50 / p90 / p99 and TPOT p50 (ms), and vLLM's ratio."""
+    vllm = outcomes.get("vllm")
+    base = vllm.summary if vllm is not None and vllm.ok else None
+    lines = ["| run | interactive requests | TTFT p50 / p90 / p99 ms | TPOT p50 ms "
+             "| each ≤ vLLM's |", "|---|---:|---:|---:|---|"]
+    for name in names:
+        o = outcomes.get(name)
+        if o is None or not o.ok:
+            continue
+        s = o.summary
+        ttft = " / ".join(_fmt(s.get(k), ".0f", 1000) for k in _LATENCY_KEYS[:3])
+        lines.append(f"| {name} | {s['hp_requests']} | {ttft} | "
+                     f"{_fmt(s.get('hp_tpot_p50_s'), '.1f', 1000)} | {_at_most_vllm(s, base)} |")
+    return lines
+
+
+def _at_most_vllm(s: Mapping[str, Any], base: Mapping[str, Any] | None) -> str:
+    if base is None or s is base:
+        return "–"
+    pairs = [(s.get(k), base.get(k)) for k in _LATENCY_KEYS]
+    checked = [a <= b for a, b in pairs if a is not None and b is not None]
+    if len(checked) < len(pairs):
+        return "not checked"
+    return "yes" if all(checked) else "no"
+
+
 def format_bench_markdown(doc: Mapping[str, Any], outcomes: Mapping[str, RunOutcome],
                           policies: Sequence[str], peers: Sequence[str]) -> str:
     """The bench report: setup, the headline table, the goals, and links to each run."""
@@ -160,6 +191,8 @@ def format_bench_markdown(doc: Mapping[str, Any], outcomes: Mapping[str, RunOutc
         f"batch: {doc['config']['batch']}; mixed runs send for {doc['mixed_duration_s']:.1f} s.",
         f"Interactive TTFT SLO: {_fmt(slo, '.0f', 1000)} ms ({doc['slo_source']}).", "",
         *table, "",
+        "## Interactive latency", "",
+        *latency_table(outcomes, list(dict.fromkeys([*alone, *requested]))), "",
         "## Goals", "", *goal_lines(outcomes, doc.get("alone_run"), alone_p90), "",
         "## Runs", "",
     ]

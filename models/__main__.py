@@ -1,4 +1,4 @@
-"""`python -m models prepare|generate|bench`."""
+"""`python -m models prepare|tune|generate|direct|bench`."""
 
 from __future__ import annotations
 
@@ -46,6 +46,49 @@ def _generate(args: argparse.Namespace) -> None:
         print(text)
 
 
+def _direct(args: argparse.Namespace) -> None:
+    """Time requests through the operator chain directly: JSON cases in, JSON timings out."""
+    import statistics
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from models.generate import timed_request
+    from models.loader import load
+
+    torch.set_num_threads(args.threads)
+    model = load(args.model, dtype=args.dtype, threads=args.threads)
+    tokenizer = AutoTokenizer.from_pretrained(model.path)
+    out, warm = [], set()
+    for case in json.loads(Path(args.cases).read_text()):
+        ids = list(tokenizer.encode(case["prompt"], add_special_tokens=True))
+        if (len(ids), case["max_tokens"]) not in warm:  # warm per shape, not primed per prompt
+            timed_request(model, ids, case["max_tokens"])
+            warm.add((len(ids), case["max_tokens"]))
+        runs = [timed_request(model, ids, case["max_tokens"]) for _ in range(args.repeats)]
+        out.append({**case, "prompt_tokens": len(ids), "ttft_s": [r[0] for r in runs],
+                    "total_s": [r[1] for r in runs],
+                    "median_ttft_s": statistics.median(r[0] for r in runs),
+                    "median_total_s": statistics.median(r[1] for r in runs)})
+    print(json.dumps({"model": args.model, "dtype": str(model.dtype), "threads": args.threads,
+                      "kernels": model.kernels.describe(), "cases": out}))
+
+
+def _tune(args: argparse.Namespace) -> None:
+    from models import tuning
+    from models.choices import PORTABLE
+    from models.loader import layer_weights, load
+
+    model = load(args.model, dtype=args.dtype, kernel_choice=PORTABLE)
+    tuned = tuning.load_or_measure(layer_weights(model.ops), model.config, model.dtype,
+                                   args.threads, refresh=args.refresh)
+    where = "from the cache" if tuned.from_cache else f"measured in {tuned.measured_s:.1f} s"
+    print(f"{tuned.cpu}\nnative kernels {tuned.native}\n{model.dtype}, {args.threads} "
+          f"thread(s), {where}: {tuned.choice.describe()}")
+    if args.json:
+        print(json.dumps({"choice": tuned.choice.to_dict(), "timings_ms": tuned.timings_ms}))
+
+
 def _bench(args: argparse.Namespace) -> None:
     from models.bench import run
     run(args.model, args.dtypes.split(","), args.repeats, args.threads, args.json)
@@ -57,6 +100,14 @@ def _parser() -> argparse.ArgumentParser:
     pr = sub.add_parser("prepare", help="prepare a model folder and print its path")
     pr.add_argument("spec", nargs="?", default="default")
     pr.set_defaults(fn=_prepare)
+    t = sub.add_parser("tune", help="measure (or show the cached) fastest kernels on this CPU")
+    t.add_argument("--model", default="default")
+    t.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
+    t.add_argument("--threads", type=int, default=1,
+                   help="intra-op threads (a server's CPU executors: cores / CPU devices)")
+    t.add_argument("--refresh", action="store_true", help="measure even when cached")
+    t.add_argument("--json", action="store_true", help="also print the choice and timings")
+    t.set_defaults(fn=_tune)
     g = sub.add_parser("generate", help="generate through the operator chain and paged KV")
     g.add_argument("--model", default="default")
     g.add_argument("--prompt", required=True)
@@ -71,7 +122,16 @@ def _parser() -> argparse.ArgumentParser:
                    help="default: the model folder's dtype")
     g.add_argument("--json", action="store_true", help="print token_ids and text as JSON")
     g.set_defaults(fn=_generate)
-    b = sub.add_parser("bench", help="operator chain vs transformers forward")
+    d = sub.add_parser("direct", help="time requests through the operator chain, no server")
+    d.add_argument("--model", default="default")
+    d.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
+    d.add_argument("--threads", type=int, default=1,
+                   help="intra-op threads (a server's CPU executors: cores / CPU devices)")
+    d.add_argument("--repeats", type=int, default=10)
+    d.add_argument("--cases", required=True,
+                   help='JSON file: [{"prompt": text, "max_tokens": n}, ...]')
+    d.set_defaults(fn=_direct)
+    b = sub.add_parser("bench", help="operator chain vs transformers forward vs GEMM floor")
     b.add_argument("--model", default="default")
     b.add_argument("--dtypes", default="bfloat16,float32")
     b.add_argument("--repeats", type=int, default=7)

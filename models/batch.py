@@ -71,6 +71,7 @@ class DecodeGroup:
     rows: torch.Tensor  # [B] their rows in the flattened batch
     blocks: torch.Tensor  # [B, nb] block tables, padded with block 0
     mask: torch.Tensor  # [1, B, 1, nb * block_size] bool, True = attend
+    lens: torch.Tensor  # [B] long, context tokens of each sequence (this step's included)
 
 
 @dataclass(slots=True)
@@ -125,7 +126,7 @@ def _decode_group(seqs: list[SeqSpec], rows: list[int], block_size: int,
         blocks[i, :used] = torch.tensor(s.block_table[:used])
     mask = torch.arange(nb * block_size)[None, :] < lens[:, None]  # [B, nb * block_size]
     return DecodeGroup(torch.tensor(rows, device=device), blocks.to(device),
-                       mask[None, :, None, :].to(device))
+                       mask[None, :, None, :].to(device), lens.to(device))
 
 
 def build_batch(seqs: list[SeqSpec], block_size: int, device: torch.device) -> Batch:

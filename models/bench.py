@@ -1,8 +1,13 @@
-"""`python -m models bench`: our operator chain vs transformers' forward, side by side.
+"""`python -m models bench`: our operator chain vs transformers' forward vs the GEMM floor.
 
-Each case is timed for (a) the operator chain over paged KV and (b) the
-transformers model's forward on the same inputs, interleaved a, b, a, b, ...
-with the same dtype and thread count; medians over repeats.
+Each case (prefill 16 / 64 / 128 / 512 tokens, decode at batch 1 / 8 / 32) is
+timed for (a) the operator chain over paged KV, (b) the transformers model's
+forward on the same inputs and (c) its GEMM floor (`models.bench_floor`),
+interleaved a, b, c, a, b, c, ... with the same dtype and thread count;
+medians over repeats. Decode at batch 1 is also set against the time to
+stream the weights once at the measured copy bandwidth. The kernels are
+measured afresh for this run (`models.tuning`), and the CPU's capability
+line is printed beside the table.
 """
 
 from __future__ import annotations
@@ -10,22 +15,26 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache
+from transformers import AutoModelForCausalLM
 
-from models.batch import Batch, SeqSpec, build_batch
-from models.kv_cache import KVCache, blocks_for
-from models.loader import Model, load
-from models.sampling_params import SamplingParams
+from models import native, tuning
+from models.bench_cases import BLOCK, Case, decode_case, prefill_case
+from models.bench_floor import FloorWeights, copy_bandwidth, streamed_bytes
+from models.choices import PORTABLE
+from models.cpu import cpu_caps
+from models.kv_cache import blocks_for
+from models.loader import layer_weights, load
 
-BLOCK = 16
-GREEDY = SamplingParams(temperature=0.0)
-PREFILLS = (128, 512)
+PREFILLS = (16, 64, 128, 512)
 DECODE_BATCHES = (1, 8, 32)
+HF_GOAL = 0.8  # ours <= 0.8x transformers on every row
+FLOOR_GOALS = {16: 3.0, 128: 1.5, 512: 1.5}  # prefill tokens -> max ours / GEMM floor
+STREAM_GOAL = 1.5  # decode b=1 <= 1.5x weight streaming time
 
 
 @dataclass(slots=True)
@@ -34,163 +43,124 @@ class Row:
     case: str
     ours_s: float
     hf_s: float
-    ratio: float
+    floor_s: float
+    floor_backend: str  # the fastest GEMM backend of the floor
     tokens: int  # tokens the case produces (prefill: prompt tokens; decode: batch size)
 
     @property
-    def ours_tok_s(self) -> float:
-        return self.tokens / self.ours_s
+    def ratio(self) -> float:
+        return self.ours_s / self.hf_s
+
+    @property
+    def floor_ratio(self) -> float:
+        return self.ours_s / self.floor_s
 
 
-@dataclass(slots=True)
-class Case:
-    name: str
-    tokens: int
-    ours: Callable[[], object]
-    hf: Callable[[], object]
-    per_op: Callable[[], list[float]]
-
-
-def _contexts(batch: int) -> list[int]:
-    """Mixed context lengths for a decode batch, spread over 64..512."""
-    return [64 + (448 * i) // max(1, batch - 1) for i in range(batch)]
-
-
-def _ours_batch(model: Model, kv: KVCache, lens_new: list[int], lens_past: list[int]) -> Batch:
-    seqs = []
-    for i, (n, past) in enumerate(zip(lens_new, lens_past, strict=True)):
-        table = kv.allocator.allocate(blocks_for(n + past, BLOCK))
-        ids = [(7 * i + j) % model.config.vocab_size for j in range(n)]
-        seqs.append(SeqSpec(f"r{i}", ids, past, table, sample=True, sampling=GREEDY))
-    return build_batch(seqs, BLOCK, model.device)
-
-
-def _chain(model: Model, batch: Batch, kv: KVCache) -> None:
-    x: torch.Tensor | None = None
-    for op in model.ops:
-        x = op.run(batch, x, kv)
-
-
-def _per_op(model: Model, batch: Batch, kv: KVCache) -> list[float]:
-    times, x = [], None
-    for op in model.ops:
-        t0 = time.perf_counter()
-        x = op.run(batch, x, kv)
-        times.append(time.perf_counter() - t0)
-    return times
-
-
-def _prefill_case(model: Model, hf: torch.nn.Module, kv: KVCache, n: int) -> Case:
-    batch = _ours_batch(model, kv, [n], [0])
-    ids = batch.input_ids[None]  # [1, n]
-
-    def run_hf() -> None:
-        with torch.inference_mode():
-            hf(ids, use_cache=True, logits_to_keep=1)
-    return Case(f"prefill {n}", n, lambda: _chain(model, batch, kv), run_hf,
-                lambda: _per_op(model, batch, kv))
-
-
-def _decode_case(model: Model, hf: torch.nn.Module, kv: KVCache, b: int) -> Case:
-    ctx = _contexts(b)
-    batch = _ours_batch(model, kv, [1] * b, ctx)
-    lmax = max(ctx)
-    # transformers: left-padded cache of the same contexts, then one decode step
-    mask = torch.zeros(b, lmax + 1, dtype=torch.long)
-    for i, c in enumerate(ctx):
-        mask[i, lmax - c:] = 1
-    with torch.inference_mode():
-        cache = DynamicCache(config=hf.config)  # type: ignore[arg-type]
-        hf(torch.ones(b, lmax, dtype=torch.long), attention_mask=mask[:, :-1],
-           past_key_values=cache, use_cache=True, logits_to_keep=1)
-    pos = torch.tensor(ctx)[:, None]
-
-    def run_hf() -> None:
-        with torch.inference_mode():
-            hf(batch.input_ids[:, None], attention_mask=mask, position_ids=pos,
-               past_key_values=cache, use_cache=True, logits_to_keep=1)
-            cache.crop(-1)  # drop the step just appended
-    return Case(f"decode b={b}", b, lambda: _chain(model, batch, kv), run_hf,
-                lambda: _per_op(model, batch, kv))
-
-
-def _median_pair(case: Case, repeats: int) -> tuple[float, float]:
-    case.ours()
-    case.hf()  # warm-up
-    ours: list[float] = []
-    hf: list[float] = []
+def _medians(case: Case, repeats: int) -> dict[str, float]:
+    fns = {"ours": case.ours, "hf": case.hf, **{f"floor:{k}": f for k, f in case.floors.items()}}
+    for fn in fns.values():
+        fn()  # warm-up
+    times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeats):
-        for fn, acc in ((case.ours, ours), (case.hf, hf)):
+        for k, fn in fns.items():
             t0 = time.perf_counter()
             fn()
-            acc.append(time.perf_counter() - t0)
-    return statistics.median(ours), statistics.median(hf)
+            times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
-def _median_ops(case: Case, repeats: int) -> list[float]:
-    runs = [case.per_op() for _ in range(repeats)]
-    return [statistics.median(col) for col in zip(*runs, strict=True)]
+def _row(dtype: str, case: Case, repeats: int) -> Row:
+    m = _medians(case, repeats)
+    floors = {k.removeprefix("floor:"): v for k, v in m.items() if k.startswith("floor:")}
+    best = min(floors, key=lambda k: floors[k])
+    return Row(dtype, case.name, m["ours"], m["hf"], floors[best], best, case.tokens)
 
 
-def bench_dtype(spec: str, dtype: str, repeats: int) -> tuple[list[Row], dict[str, list[float]]]:
-    model = load(spec, dtype=dtype)
+def bench_dtype(spec: str, dtype: str, repeats: int, threads: int) -> dict[str, Any]:
+    model = load(spec, dtype=dtype, threads=threads, retune=True)  # kernels measured afresh
+    probe = load(spec, dtype=dtype, kernel_choice=PORTABLE)  # plain weights for the floors
+    tuned = tuning.load_or_measure(layer_weights(probe.ops), model.config, model.dtype, threads)
     hf = AutoModelForCausalLM.from_pretrained(model.path, dtype=model.dtype,
                                               attn_implementation="sdpa").eval()
     kv = model.new_kv_cache(blocks_for(512, BLOCK) * 40 + 64, BLOCK)
     for t in [*kv.keys.values(), *kv.values.values()]:
         t.normal_()  # NOTE: touch every page: untouched zero pages would make gathers cheap
-    cases = [_prefill_case(model, hf, kv, n) for n in PREFILLS]
-    cases += [_decode_case(model, hf, kv, b) for b in DECODE_BATCHES]
-    rows, ops = [], {}
-    for c in cases:
-        ours, ref = _median_pair(c, repeats)
-        rows.append(Row(dtype, c.name, ours, ref, ours / ref, c.tokens))
-        ops[c.name] = _median_ops(c, repeats)
-    return rows, ops
+    floor_w = FloorWeights.of(probe)
+    cases = [prefill_case(model, hf, kv, floor_w, n) for n in PREFILLS]
+    cases += [decode_case(model, hf, kv, floor_w, b) for b in DECODE_BATCHES]
+    rows = [_row(dtype, c, repeats) for c in cases]
+    ops = {c.name: [statistics.median(col) for col in zip(*[c.per_op() for _ in range(repeats)],
+                                                         strict=True)] for c in cases}
+    nbytes = streamed_bytes(probe)
+    bw = copy_bandwidth(nbytes)
+    return {"rows": rows, "per_op_s": ops, "kernels": tuned.choice.describe(),
+            "kernel_choice": tuned.choice.to_dict(), "tuning_ms": tuned.timings_ms,
+            "stream": {"weight_bytes": nbytes, "copy_bandwidth_bytes_s": bw,
+                       "stream_s": nbytes / bw}}
 
 
-def _print_rows(rows: list[Row], threads: int) -> None:
-    print(f"| dtype | case | ours ms | transformers ms | ratio | ours tok/s ({threads} thr) |")
-    print("|---|---|---:|---:|---:|---:|")
+def goals(rows: list[Row], streams: dict[str, dict[str, float]]) -> list[dict[str, Any]]:
+    """Each goal of the bench, with its measured value and whether it is met."""
+    out: list[dict[str, Any]] = []
+    for r in rows:
+        out.append({"goal": f"{r.dtype} {r.case}: ours <= {HF_GOAL}x transformers",
+                    "value": r.ratio, "met": r.ratio <= HF_GOAL})
+        n = int(r.case.split()[1]) if r.case.startswith("prefill") else 0
+        limit = FLOOR_GOALS.get(n) or (1.5 if n >= 128 else None)
+        if limit is not None:
+            out.append({"goal": f"{r.dtype} {r.case}: ours <= {limit}x GEMM floor",
+                        "value": r.floor_ratio, "met": r.floor_ratio <= limit})
+        if r.case == "decode b=1":
+            ratio = r.ours_s / streams[r.dtype]["stream_s"]
+            out.append({"goal": f"{r.dtype} decode b=1: ours <= {STREAM_GOAL}x weight streaming",
+                        "value": ratio, "met": ratio <= STREAM_GOAL})
+    return out
+
+
+def _print(rows: list[Row], per_dtype: dict[str, dict[str, Any]], threads: int) -> None:
+    print(f"CPU: {cpu_caps().line()}; {threads} thread(s); native kernels {native.note()}")
+    for dt, res in per_dtype.items():
+        s = res["stream"]
+        print(f"{dt}: kernels {res['kernels']}; decode step streams "
+              f"{s['weight_bytes'] / 1e6:.0f} MB of weights, copy bandwidth "
+              f"{s['copy_bandwidth_bytes_s'] / 1e9:.1f} GB/s (read + write) -> "
+              f"{s['stream_s'] * 1e3:.1f} ms")
+    print(f"\n| dtype | case | ours ms | transformers ms | ours/tf | GEMM floor ms | ours/floor "
+          f"| ours tok/s ({threads} thr) |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r.dtype} | {r.case} | {r.ours_s * 1e3:.1f} | {r.hf_s * 1e3:.1f} | "
-              f"{r.ratio:.2f} | {r.ours_tok_s:.0f} |")
+              f"{r.ratio:.2f} | {r.floor_s * 1e3:.1f} | {r.floor_ratio:.2f} | "
+              f"{r.tokens / r.ours_s:.0f} |")
 
 
-def _print_ops(names: list[str], ops: dict[str, dict[str, list[float]]]) -> None:
+def _print_ops(names: list[str], per_dtype: dict[str, dict[str, Any]]) -> None:
     print("\nper-operator median ms (ours)")
-    for dtype, cases in ops.items():
+    for dtype, res in per_dtype.items():
         print(f"| {dtype} case | " + " | ".join(names) + " |")
         print("|---|" + "---:|" * len(names))
-        for case, ts in cases.items():
+        for case, ts in res["per_op_s"].items():
             print(f"| {case} | " + " | ".join(f"{t * 1e3:.2f}" for t in ts) + " |")
 
 
 def run(spec: str, dtypes: list[str], repeats: int, threads: int, json_path: Path | None) -> dict:
     torch.set_num_threads(threads)
-    rows: list[Row] = []
-    ops: dict[str, dict[str, list[float]]] = {}
-    for dt in dtypes:
-        r, o = bench_dtype(spec, dt, repeats)
-        rows += r
-        ops[dt] = o
+    per_dtype = {dt: bench_dtype(spec, dt, repeats, threads) for dt in dtypes}
+    rows: list[Row] = [r for res in per_dtype.values() for r in res["rows"]]
     names = [o.name for o in load(spec, dtype=dtypes[0]).template.ops]
-    _print_rows(rows, threads)
-    _print_ops(names, ops)
-    result = {"model": spec, "threads": threads, "repeats": repeats,
-              "rows": [asdict(r) for r in rows], "op_names": names, "per_op_s": ops,
-              "summary": _summary(rows, threads)}
-    print("\n" + json.dumps(result["summary"], indent=1))
+    _print(rows, per_dtype, threads)
+    _print_ops(names, per_dtype)
+    checked = goals(rows, {dt: res["stream"] for dt, res in per_dtype.items()})
+    print("\ngoals")
+    for g in checked:
+        print(f"- {g['goal']}: {g['value']:.2f} {'met' if g['met'] else 'MISSED'}")
+    result = {"model": spec, "threads": threads, "repeats": repeats, "cpu": cpu_caps().line(),
+              "native": native.note(),
+              "cpu_caps": asdict(cpu_caps()), "op_names": names, "goals": checked,
+              "rows": [{**asdict(r), "ratio": r.ratio, "floor_ratio": r.floor_ratio}
+                       for r in rows],
+              "per_dtype": {dt: {k: v for k, v in res.items() if k != "rows"}
+                            for dt, res in per_dtype.items()}}
     if json_path:
         json_path.write_text(json.dumps(result, indent=1))
     return result
-
-
-def _summary(rows: list[Row], threads: int) -> dict[str, object]:
-    out: dict[str, object] = {"max_ratio": max(r.ratio for r in rows)}
-    for dt in {r.dtype for r in rows}:
-        by = {r.case: r for r in rows if r.dtype == dt}
-        out[f"{dt}_decode_b32_over_b1"] = by["decode b=32"].ours_tok_s / by["decode b=1"].ours_tok_s
-        out[f"{dt}_prefill_tok_s_per_core"] = {
-            n: by[f"prefill {n}"].ours_tok_s / threads for n in PREFILLS}
-    return out

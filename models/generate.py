@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -64,3 +65,30 @@ def generate(model: Model, prompt_ids: list[int], params: SamplingParams,
             feed = [token]
     finally:
         kv.allocator.free(table)
+
+
+def timed_request(model: Model, prompt_ids: list[int], max_tokens: int,
+                  block_size: int = 16) -> tuple[float, float]:
+    """(seconds to the first token, seconds to the last) of one greedy request run directly.
+
+    What a server's request costs without the server: per step the batch is
+    built and the operator chain run (prefill, then `max_tokens - 1` decode
+    steps, each sampling one token; stop tokens ignored). KV blocks are
+    allocated before the clock starts.
+    """
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    total = len(prompt_ids) + max_tokens
+    kv = model.new_kv_cache(blocks_for(total, block_size), block_size)
+    table = kv.allocator.allocate(blocks_for(total, block_size))
+    feed, past, out = list(prompt_ids), 0, 0
+    t0 = time.perf_counter()
+    first = 0.0
+    while out < max_tokens:
+        seq = _step_seq("r0", feed, past, table, params, out)
+        token = int(run_chain(model, build_batch([seq], block_size, model.device), kv)[0])
+        past += len(feed)
+        out += 1
+        if out == 1:
+            first = time.perf_counter() - t0
+        feed = [token]
+    return first, time.perf_counter() - t0

@@ -10,10 +10,13 @@ import torch
 from safetensors import safe_open
 from transformers import AutoConfig, PretrainedConfig
 
+from models import kernels, tuning
 from models.allocator import keep_heap_pages
+from models.choices import PORTABLE, KernelChoice, LayerChoice
 from models.config import ModelConfig, model_config, rope_inv_freq
 from models.kv_cache import KVCache
 from models.layers import AttnDims, LayerWeights
+from models.linear import Linear
 from models.ops import EmbedOp, HeadOp, LayerGroupOp, Op
 from models.template import GraphTemplate, OpKind, OpTemplate
 
@@ -34,6 +37,7 @@ class Model:
     device: torch.device
     template: GraphTemplate
     ops: list[Op]
+    kernels: KernelChoice = PORTABLE  # what the CPU operators run (`models.tuning`)
     _on_device: dict[str, list[Op]] = field(default_factory=dict, repr=False)
 
     def ops_on(self, device: torch.device) -> list[Op]:
@@ -119,14 +123,12 @@ def _layer(w: _Weights, i: int) -> LayerWeights:
     qkv_bias = None if biases[0] is None else torch.cat(biases)  # type: ignore[arg-type]
     return LayerWeights(
         input_norm=w.get(p + "input_layernorm.weight"),
-        qkv=torch.cat([w.get(a + n + "_proj.weight") for n in "qkv"]),
-        qkv_bias=qkv_bias,
-        o=w.get(a + "o_proj.weight"),
-        o_bias=w.maybe(a + "o_proj.bias"),
+        qkv=Linear(torch.cat([w.get(a + n + "_proj.weight") for n in "qkv"]), qkv_bias, False),
+        o=Linear(w.get(a + "o_proj.weight"), w.maybe(a + "o_proj.bias"), False),
         post_norm=w.get(p + "post_attention_layernorm.weight"),
-        gate=w.get(p + "mlp.gate_proj.weight"),
-        up=w.get(p + "mlp.up_proj.weight"),
-        down=w.get(p + "mlp.down_proj.weight"),
+        gate=Linear(w.get(p + "mlp.gate_proj.weight"), None, False),
+        up=Linear(w.get(p + "mlp.up_proj.weight"), None, False),
+        down=Linear(w.get(p + "mlp.down_proj.weight"), None, False),
     )
 
 
@@ -145,13 +147,13 @@ def _build_ops(w: _Weights, hf: PretrainedConfig, cfg: ModelConfig, k: int,
         layers = range(start, min(start + k, cfg.num_layers))
         lw = [_layer(w, i) for i in layers]
         t = OpTemplate(len(ops), f"layers[{layers.start}:{layers.stop}]", OpKind.LAYERS, layers,
-                       _nbytes([x for lay in lw for x in lay.tensors()]), cfg, itemsize)
-        ops.append(LayerGroupOp(t, lw, dims, inv_freq.to(w.device), scale))
+                       sum(lay.nbytes for lay in lw), cfg, itemsize)
+        ops.append(LayerGroupOp(t, lw, dims, inv_freq.to(w.device), scale, LayerChoice()))
     lm_head = embed if cfg.tie_word_embeddings else w.get("lm_head.weight")
     norm = w.get("model.norm.weight")
     head_bytes = _nbytes([norm] if cfg.tie_word_embeddings else [norm, lm_head])
     ops.append(HeadOp(OpTemplate(len(ops), "head", OpKind.HEAD, range(0), head_bytes, cfg,
-                                 itemsize), norm, lm_head, cfg.rms_norm_eps))
+                                 itemsize), norm, Linear(lm_head, None, False), cfg.rms_norm_eps))
     return ops
 
 
@@ -159,9 +161,20 @@ def default_layers_per_group(num_layers: int) -> int:
     return max(1, math.ceil(num_layers / TARGET_GROUPS))
 
 
+def layer_weights(ops: list[Op]) -> list[LayerWeights]:
+    return [w for op in ops if isinstance(op, LayerGroupOp) for w in op.layers]
+
+
 def load(spec: str | Path, dtype: str | torch.dtype | None = None,
-         device: torch.device | str = "cpu", layers_per_group: int | None = None) -> Model:
-    """Load a model and split it into operators (see `models.template`)."""
+         device: torch.device | str = "cpu", layers_per_group: int | None = None,
+         kernel_choice: KernelChoice | None = None, threads: int = 1,
+         retune: bool = False) -> Model:
+    """Load a model and split it into operators (see `models.template`).
+
+    On a CPU device the operators run the kernels measured fastest on this
+    machine for `threads` intra-op threads (`models.tuning`, cached on disk;
+    `retune` measures afresh), unless `kernel_choice` forces some.
+    """
     keep_heap_pages()
     path = resolve(str(spec))
     hf = AutoConfig.from_pretrained(path)
@@ -173,5 +186,10 @@ def load(spec: str | Path, dtype: str | torch.dtype | None = None,
         raise ValueError("layers_per_group must be >= 1")
     itemsize = torch.empty((), dtype=dt).element_size()
     ops = _build_ops(_Weights(path, dt, dev), hf, cfg, k, itemsize)
+    choice = PORTABLE
+    if dev.type == "cpu":
+        choice = kernel_choice or tuning.load_or_measure(layer_weights(ops), cfg, dt, threads,
+                                                         refresh=retune).choice
+        ops = kernels.apply(ops, choice, cfg.tie_word_embeddings)
     template = GraphTemplate(tuple(op.template for op in ops), k)
-    return Model(str(spec), path, cfg, hf, dt, dev, template, ops)
+    return Model(str(spec), path, cfg, hf, dt, dev, template, ops, choice)

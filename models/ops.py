@@ -13,14 +13,20 @@ import torch
 import torch.nn.functional as F
 
 from models.batch import Batch
+from models.choices import LayerChoice
 from models.kv_cache import KVCache
-from models.layers import AttnDims, LayerWeights, decoder_layer, rms_norm, rope_cos_sin
+from models.layers import (
+    AttnDims,
+    LayerWeights,
+    decoder_layer,
+    native_decoder_layer,
+    rms_norm,
+    rope_cos_sin,
+    whole_layer_native,
+)
+from models.linear import Linear
 from models.sampling import sample
 from models.template import OpTemplate
-
-
-def _move(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
-    return None if t is None else t.to(device)
 
 
 @dataclass(slots=True)
@@ -43,35 +49,38 @@ class LayerGroupOp:
     dims: AttnDims
     inv_freq: torch.Tensor  # [d/2] float32
     rope_scale: float
+    layer: LayerChoice  # attention and norm kernels (`models.kernels` applies the choice)
 
     @torch.inference_mode()
     def run(self, batch: Batch, x: torch.Tensor | None, kv: KVCache | None) -> torch.Tensor:
         # x: [T, D] -> [T, D]
         assert x is not None and kv is not None
         cos, sin = rope_cos_sin(batch.positions, self.inv_freq, self.rope_scale, x.dtype)
+        whole = whole_layer_native(batch, self.layers[0], self.layer)
         for layer, w in zip(self.template.layers, self.layers, strict=True):
-            x = decoder_layer(x, w, self.dims, cos, sin, batch, kv, layer)
+            if whole:
+                x = native_decoder_layer(x, w, self.dims, cos, sin, batch, kv, layer)
+            else:
+                x = decoder_layer(x, w, self.dims, cos, sin, batch, kv, layer, self.layer)
         return x
 
     def to(self, device: torch.device) -> LayerGroupOp:
-        moved = [LayerWeights(*(_move(t, device) for t in (  # type: ignore[arg-type]
-            w.input_norm, w.qkv, w.qkv_bias, w.o, w.o_bias, w.post_norm, w.gate, w.up, w.down)))
-            for w in self.layers]
-        return replace(self, layers=moved, inv_freq=self.inv_freq.to(device))
+        return replace(self, layers=[w.to(device) for w in self.layers],
+                       inv_freq=self.inv_freq.to(device), layer=LayerChoice())
 
 
 @dataclass(slots=True)
 class HeadOp:
     template: OpTemplate
     norm: torch.Tensor  # [D]
-    lm_head: torch.Tensor  # [V, D]
+    lm_head: Linear  # [V, D]
     eps: float
 
     @torch.inference_mode()
     def logits(self, batch: Batch, x: torch.Tensor) -> torch.Tensor:
         # x: [T, D] -> [S, V] float32, for the sampled rows only
         h = rms_norm(x[batch.sample_rows], self.norm, self.eps)
-        return F.linear(h, self.lm_head).float()
+        return self.lm_head(h).float()
 
     @torch.inference_mode()
     def run(self, batch: Batch, x: torch.Tensor | None, kv: KVCache | None) -> torch.Tensor:

@@ -72,13 +72,18 @@ def kv_pools(model: Model, devices: list[Device], ledgers: dict[str, MemoryLedge
     return pools
 
 
-def default_factory(cpu_threads: int) -> ExecutorFactory:
+def cpu_threads(num_cpu_devices: int) -> int:
+    """Intra-op threads of each CPU executor: the cores split between the CPU devices."""
+    return max(1, (os.cpu_count() or 1) // max(1, num_cpu_devices))
+
+
+def default_factory(threads: int) -> ExecutorFactory:
     """Thread executors; CPU devices split the cores between them."""
     def make(device: Device, run_op: RunOp, on_done: OnDone,
              loop: asyncio.AbstractEventLoop | None) -> ExecutorLike:
         if device.kind == "cuda":
             return CudaExecutor(device, run_op, on_done, loop)
-        return Executor(device, run_op, on_done, loop, intra_op_threads=cpu_threads)
+        return Executor(device, run_op, on_done, loop, intra_op_threads=threads)
     return make
 
 
@@ -91,7 +96,7 @@ class Execution:
         self.devices, self.ledgers, self._on_done = devices, ledgers, on_done
         self.runner = ModelRunner(model, devices, kv.pools, ledgers)
         cpu = sum(d.kind == "cpu" for d in devices.values())
-        self._factory = factory or default_factory(max(1, (os.cpu_count() or 1) // max(1, cpu)))
+        self._factory = factory or default_factory(cpu_threads(cpu))
         self.executors: dict[str, ExecutorLike] = {}
 
     def start(self) -> None:

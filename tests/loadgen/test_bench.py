@@ -11,7 +11,13 @@ import pytest
 
 from gateway.tenants import parse_tenants as parse_tenants_yaml
 from loadgen.bench import ADMIN_KEY, KEYS, BenchConfig, run_bench, write_tenants_file
-from loadgen.benchtable import RunOutcome, format_bench_markdown, goal_lines, headline_table
+from loadgen.benchtable import (
+    RunOutcome,
+    format_bench_markdown,
+    goal_lines,
+    headline_table,
+    latency_table,
+)
 
 TINY_WORKLOAD: dict[str, Any] = {
     "interactive": "synthetic-coding,max_requests=12,rate_scale=20,token_scale=0.05,"
@@ -24,7 +30,8 @@ TINY_WORKLOAD: dict[str, Any] = {
 
 def _summary(att: float, lp: float, total: float, n: int = 300) -> dict[str, object]:
     return {"hp_requests": n, "hp_slo_attainment": att, "hp_ttft_p50_s": 0.1,
-            "hp_ttft_p90_s": 0.2, "hp_ttft_p99_s": 0.3, "hp_errors": 0, "lp_tok_s": lp,
+            "hp_ttft_p90_s": 0.2, "hp_ttft_p99_s": 0.3, "hp_tpot_p50_s": 0.05, "hp_errors": 0,
+            "lp_tok_s": lp,
             "total_tok_s": total, "errors": 0, "busy_fraction": 0.5}
 
 
@@ -41,6 +48,20 @@ def test_headline_table_ratios_and_failed_rows() -> None:
     assert "| 150.0 | 1.50× | 196.0 | 0.98× |" in table[3]
     assert "| vllm | did not run: exited with code 1 before it was ready: no CPU |" in table[4]
     assert "| transformers | did not run: not requested (see --peers) |" in table[5]
+
+
+def test_latency_table_against_vllm() -> None:
+    fast = {**_summary(1.0, 0.0, 10.0), "hp_tpot_p50_s": 0.04}
+    slow_tpot = {**_summary(1.0, 0.0, 10.0), "hp_tpot_p50_s": 0.06}
+    outcomes = {"fcfs": RunOutcome("fcfs", fast), "slice": RunOutcome("slice", slow_tpot),
+                "vllm": RunOutcome("vllm", _summary(1.0, 0.0, 10.0)),
+                "static": RunOutcome.failed("static", "no")}
+    table = latency_table(outcomes, ["fcfs", "slice", "static", "vllm"])
+    assert table[2] == "| fcfs | 300 | 100 / 200 / 300 | 40.0 | yes |"
+    assert table[3] == "| slice | 300 | 100 / 200 / 300 | 60.0 | no |"  # TPOT above vLLM's
+    assert table[4] == "| vllm | 300 | 100 / 200 / 300 | 50.0 | – |" and len(table) == 5
+    alone = latency_table({"fcfs": RunOutcome("fcfs", fast)}, ["fcfs", "vllm"])
+    assert alone[2].endswith("| – |")  # no vLLM run: nothing to compare with
 
 
 def test_goals_are_checked_where_their_runs_ran() -> None:
@@ -89,6 +110,7 @@ def test_the_tenants_file_is_one_the_gateway_reads(tmp_path: Path) -> None:
 def test_config_errors() -> None:
     with pytest.raises(ValueError, match="include fcfs"):
         BenchConfig(out=Path("x"), policies=("slice",))
+    BenchConfig(out=Path("x"), policies=("slice",), batch="none")  # alone: no ratios to fcfs
     with pytest.raises(ValueError, match="unknown peer 'tgi'"):
         BenchConfig(out=Path("x"), peers=("tgi",))
     with pytest.raises(ValueError, match="--slo-factor"):
@@ -135,6 +157,22 @@ def test_the_slo_can_come_from_slice_alone_with_a_margin(tmp_path: Path) -> None
     assert doc["slo_s"] == pytest.approx(1.2 * doc["alone_hp_ttft_p90_s"])
     assert doc["slo_source"] == "1.2 x p90 TTFT of interactive alone under slice"
     assert "| slice-alone |" in (tmp_path / "bench" / "bench.md").read_text()
+
+
+def test_interactive_alone_on_the_stub_server(tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    config = BenchConfig(
+        out=out, policies=("slice",), peers=(), model="tiny-random", slo_ms=1000,
+        serve_cmd=(sys.executable, "-m", "loadgen", "stub", "--step-ms", "2"),
+        **{**TINY_WORKLOAD, "batch": "none"})
+    doc = run_bench(config)
+    run = doc["runs"]["slice"]
+    assert run["status"] == "ok" and run["hp_requests"] == 12 and run["lp_tok_s"] == 0
+    assert run["hp_tpot_p50_s"] is not None and run["hp_tpot_p50_s"] > 0
+    report = json.loads((out / "runs" / "slice" / "report.json").read_text())
+    assert set(report["tenants"]) == {"interactive"}
+    markdown = (out / "bench.md").read_text()
+    assert "## Interactive latency" in markdown and "| slice | 12 |" in markdown
 
 
 def test_bench_of_two_policies_on_slicegate(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.layers import attend_matmul, attend_sdpa
+from models.attention import attend_matmul, attend_sdpa
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])

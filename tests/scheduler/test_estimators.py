@@ -10,6 +10,7 @@ import pytest
 import scheduler.profiling as profiling
 from executors.types import OpInstance, OpRole, OpState, Priority
 from models.batch import BatchShape
+from models.choices import PORTABLE, KernelChoice, LayerChoice
 from models.loader import load
 from scheduler.estimators import Estimators, op_features
 from scheduler.profiling import Sweep, load_or_profile
@@ -225,6 +226,15 @@ def test_an_unprofiled_device_kind_gets_the_flop_fallback_and_learns_from_it(
     for _ in range(50):
         est.observe_op("cuda:0", "layers[0:2]", shape, 0.5 * want)
     assert est.op_time("cuda:0", "layers[0:2]", shape) == pytest.approx(0.5 * want, rel=0.05)
+
+
+def test_a_fit_is_never_read_back_for_other_kernels(tiny_model_dir: Path, tmp_path: Path) -> None:
+    portable = load(tiny_model_dir, dtype="float32", layers_per_group=2, kernel_choice=PORTABLE)
+    other = load(tiny_model_dir, dtype="float32", layers_per_group=2,
+                 kernel_choice=KernelChoice(layer=LayerChoice(decode="matmul")))
+    load_or_profile(portable, ["cpu:0"], tmp_path, SMALL)
+    load_or_profile(other, ["cpu:0"], tmp_path, SMALL)
+    assert len(list((tmp_path / "estimators").glob("*.json"))) == 2
 
 
 def _watched(seed: int) -> tuple[Estimators, list[str], random.Random]:

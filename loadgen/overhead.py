@@ -1,0 +1,251 @@
+"""``python -m loadgen probe --overhead``: what the serving path adds to one request, at idle.
+
+The same requests are timed two ways in one run, interleaved round by round:
+
+- **directly**: ``python -m models direct`` (its own process, no server) runs
+  the operator chain on each prompt: batch building, the operators, greedy
+  sampling, one step per output token;
+- **through slicegate** over HTTP, one request at a time on an otherwise
+  idle server: text prompts (so tokenization is on the path), an API key
+  (auth), ``/v1/completions`` non-streaming (JSON) and streaming (SSE).
+
+Overhead = server time - direct time (medians). The server's op timeline
+(``/admin/timeline``) splits each server request into: *before the first
+op* (HTTP in, auth, tokenization, submission, the scheduling round, the
+hand-off to the executor thread), *ops* (the operators themselves), *between
+ops* (hand-offs and the scheduling rounds of later steps) and *after the
+last op* (the token's way back to the event loop, detokenization, JSON or
+SSE, HTTP out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from loadgen.client import CompletionCall, RequestRecord, stream_completion
+from loadgen.probe import TimelinePoller, first_model
+from loadgen.prompts import PromptBuilder, resolve_model_folder
+from loadgen.servers import RunningServer, ServerSpec, default_serve_cmd, free_port
+from loadgen.timeline import OpSpan
+
+API_KEY, ADMIN_KEY = "sk-probe-1", "sk-probe-admin"
+MODES = ("json", "stream")
+GOAL_MS = 5.0  # per-request overhead at idle, each mode
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeConfig:
+    """What the probe runs. Counts are requests per (case, mode) per round."""
+
+    out: Path
+    model: str = "default"
+    dtype: str = "bfloat16"
+    devices: str = "cpu:0"  # NOTE: one device, so the server runs the same chain as `direct`
+    prompt_tokens: tuple[int, ...] = (16, 128)
+    max_tokens: tuple[int, ...] = (1, 16)
+    requests: int = 20
+    rounds: int = 2
+    warmup: int = 3
+    serve_cmd: tuple[str, ...] = field(default_factory=default_serve_cmd)
+    ready_timeout_s: float = 600.0
+    python: str = sys.executable
+    threads: int | None = None  # `direct`'s intra-op threads; None: as the server's executors
+
+    def cases(self) -> list[tuple[int, int]]:
+        return [(n, k) for n in self.prompt_tokens for k in self.max_tokens]
+
+    def direct_threads(self) -> int:
+        """The threads each of the server's CPU executors runs on, unless given.
+
+        NOTE: the server's rule (scheduler.execution.cpu_threads), restated because
+        loadgen reaches the server over HTTP only: the cores split between CPU devices.
+        """
+        if self.threads is not None:
+            return self.threads
+        cpus = sum(d.strip().startswith("cpu") for d in self.devices.split(","))
+        return max(1, (os.cpu_count() or 1) // max(1, cpus))
+
+
+@dataclass(slots=True)
+class Sample:
+    """One request through the server; times on this process's monotonic clock."""
+
+    case: tuple[int, int]
+    mode: str
+    send_s: float
+    first_s: float | None  # first token (streaming only)
+    end_s: float
+    spans: list[OpSpan] = field(default_factory=list)
+
+    def split_ms(self) -> dict[str, float]:
+        """before first op / ops / between ops / after last op, ms (empty without spans)."""
+        if not self.spans:
+            return {}
+        start, end = min(s.start_s for s in self.spans), max(s.end_s for s in self.spans)
+        ops = sum(s.end_s - s.start_s for s in self.spans)
+        return {"before_first_op": (start - self.send_s) * 1e3, "ops": ops * 1e3,
+                "between_ops": (end - start - ops) * 1e3,
+                "after_last_op": (self.end_s - end) * 1e3}
+
+
+def _tenants(path: Path) -> Path:
+    doc = {"admin_keys": [ADMIN_KEY],
+           "tenants": [{"name": "probe", "api_keys": [API_KEY], "priority": "high"}]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def _server(config: ProbeConfig) -> RunningServer:
+    port = free_port()
+    command = (*config.serve_cmd, "--model", config.model, "--dtype", config.dtype,
+               "--devices", config.devices, "--tenants", str(_tenants(config.out / "tenants.yaml")),
+               "--host", "127.0.0.1", "--port", str(port))
+    return RunningServer(ServerSpec("slicegate", command, port, "/health", None,
+                                    config.ready_timeout_s), config.out / "server.log")
+
+
+def run_direct(config: ProbeConfig, prompts: list[tuple[tuple[int, int], str]]) -> list[dict]:
+    """`python -m models direct` over the prompts, each timed once after a warm-up."""
+    cases = config.out / "direct-cases.json"
+    cases.write_text(json.dumps([{"prompt": p, "max_tokens": c[1], "case": c} for c, p in prompts]))
+    cmd = [config.python, "-m", "models", "direct", "--model", config.model, "--dtype",
+           config.dtype, "--cases", str(cases), "--repeats", "1", "--threads",
+           str(config.direct_threads())]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"`{' '.join(cmd)}` failed: {done.stderr.strip()[-800:]}")
+    return list(json.loads(done.stdout.strip().splitlines()[-1])["cases"])
+
+
+async def _json_request(client: httpx.AsyncClient, body: dict[str, Any]) -> tuple[float, float]:
+    send = time.monotonic()
+    response = await client.post("/v1/completions", json=body,
+                                 headers={"Authorization": f"Bearer {API_KEY}"})
+    end = time.monotonic()
+    if response.status_code != 200:
+        raise RuntimeError(f"HTTP {response.status_code}: {response.text[:300]}")
+    return send, end
+
+
+async def _one(client: httpx.AsyncClient, model: str, case: tuple[int, int], mode: str,
+               prompt: str) -> Sample:
+    call = CompletionCall(model, prompt, case[1], API_KEY)
+    if mode == "json":
+        body = {k: v for k, v in call.body().items() if k != "stream_options"}
+        send, end = await _json_request(client, {**body, "stream": False})
+        return Sample(case, mode, send, None, end)
+    record = RequestRecord("probe", 0, 0.0, case[0], case[1])
+    await stream_completion(client, call, record, 0.0)  # origin 0: times are monotonic()
+    if not record.ok or record.end_s is None:
+        raise RuntimeError(f"streaming request failed: {record.error}")
+    return Sample(case, mode, record.send_s, record.first_token_s, record.end_s)
+
+
+async def _server_round(config: ProbeConfig, url: str,
+                        prompts: list[tuple[tuple[int, int], str]]) -> list[Sample]:
+    samples: list[Sample] = []
+    async with httpx.AsyncClient(base_url=url, timeout=300.0) as client:
+        model = await first_model(client, API_KEY)
+        poller = TimelinePoller(client, ADMIN_KEY, time.monotonic())
+        await poller.poll_once(since_s=1e12)  # learn the clock offset
+        for mode in MODES:
+            for case, prompt in prompts:
+                samples.append(await _one(client, model, case, mode, prompt))
+                await poller.poll_once()
+    for s in samples:
+        s.spans = [p for p in poller.spans if s.send_s <= p.start_s and p.end_s <= s.end_s]
+    return samples
+
+
+def _prompts(builder: PromptBuilder, config: ProbeConfig, round_: int,
+             count: int) -> list[tuple[tuple[int, int], str]]:
+    return [(case, builder.text(case[0], f"probe-{round_}-{case}-{i}"))
+            for case in config.cases() for i in range(count)]
+
+
+def run_probe(config: ProbeConfig) -> dict[str, Any]:
+    """Start the server, interleave direct and server rounds, return the summary."""
+    config.out.mkdir(parents=True, exist_ok=True)
+    builder = PromptBuilder.from_folder(resolve_model_folder(config.model, config.python))
+    direct: list[dict] = []
+    samples: list[Sample] = []
+    with _server(config) as server:
+        server.wait_ready()
+        asyncio.run(_server_round(config, server.spec.url,
+                                  _prompts(builder, config, -1, config.warmup)))
+        for r in range(config.rounds):
+            prompts = _prompts(builder, config, r, config.requests)
+            direct += run_direct(config, prompts)
+            samples += asyncio.run(_server_round(config, server.spec.url, prompts))
+    return summarize(config, direct, samples)
+
+
+def _med(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def summarize(config: ProbeConfig, direct: list[dict], samples: list[Sample]) -> dict[str, Any]:
+    """Per (case, mode): direct and server medians (ms), overheads, the server-side split."""
+    rows = []
+    for case in config.cases():
+        d = [x for x in direct if tuple(x["case"]) == case]
+        d_ttft = _med([x["ttft_s"][0] * 1e3 for x in d])
+        d_total = _med([x["total_s"][0] * 1e3 for x in d])
+        for mode in MODES:
+            ss = [s for s in samples if s.case == case and s.mode == mode]
+            total = _med([(s.end_s - s.send_s) * 1e3 for s in ss])
+            ttft = _med([(s.first_s - s.send_s) * 1e3 for s in ss if s.first_s is not None])
+            splits = [s.split_ms() for s in ss if s.spans]
+            rows.append({
+                "prompt_tokens": case[0], "max_tokens": case[1], "mode": mode,
+                "requests": len(ss), "direct_ttft_ms": d_ttft, "direct_total_ms": d_total,
+                "server_ttft_ms": ttft, "server_total_ms": total,
+                "ttft_overhead_ms": None if ttft is None or d_ttft is None else ttft - d_ttft,
+                "overhead_ms": None if total is None or d_total is None else total - d_total,
+                "split_ms": {k: _med([sp[k] for sp in splits]) for k in
+                             ("before_first_op", "ops", "between_ops", "after_last_op")}})
+    conf = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()}
+    return {"config": conf, "rows": rows, "goal": _goal(rows)}
+
+
+def _goal(rows: list[dict]) -> dict[str, Any]:
+    ones = [r for r in rows if r["max_tokens"] == 1 and r["overhead_ms"] is not None]
+    worst = max((r["overhead_ms"] for r in ones), default=None)
+    return {"what": f"overhead <= {GOAL_MS} ms per request (max_tokens 1, each mode)",
+            "worst_ms": worst, "met": worst is not None and worst <= GOAL_MS}
+
+
+def _fmt(v: float | None) -> str:
+    return "–" if v is None else f"{v:.1f}"
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    lines = ["| prompt | max_tokens | mode | direct TTFT ms | server TTFT ms | direct total ms "
+             "| server total ms | overhead ms | before 1st op | ops | between ops "
+             "| after last op |",
+             "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in summary["rows"]:
+        sp = r["split_ms"]
+        lines.append(
+            f"| {r['prompt_tokens']} | {r['max_tokens']} | {r['mode']} | "
+            f"{_fmt(r['direct_ttft_ms'])} | {_fmt(r['server_ttft_ms'])} | "
+            f"{_fmt(r['direct_total_ms'])} | {_fmt(r['server_total_ms'])} | "
+            f"{_fmt(r['overhead_ms'])} | {_fmt(sp['before_first_op'])} | {_fmt(sp['ops'])} | "
+            f"{_fmt(sp['between_ops'])} | {_fmt(sp['after_last_op'])} |")
+    g = summary["goal"]
+    lines.append(f"\ngoal: {g['what']}: worst {_fmt(g['worst_ms'])} ms, "
+                 f"{'met' if g['met'] else 'MISSED'}")
+    return "\n".join(lines)

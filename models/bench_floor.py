@@ -1,0 +1,121 @@
+"""Floors for `python -m models bench`: the case's matmuls alone, and weight streaming.
+
+GEMM floor of a case: the same matmuls as the operator chain, run back to
+back with nothing between them, same dtype and threads: per decoder layer
+the q/k/v, o, gate, up and down projections over the model's own weights at
+the case's row count, the attention's two batched matmuls (scores over each
+prefill's full n x n, or each decode batch's padded context; both at least
+the work the chain does), and lm_head over the sampled rows. Each GEMM
+backend (aten, oneDNN pre-packed, and the native GEMV at up to 8 rows) is
+timed and the fastest one is the floor, so a slow backend choice cannot
+flatter the ratio.
+
+Weight streaming: the bytes one decode step must read (every linear weight
+and lm_head) divided by the bandwidth of a plain memory copy of that size,
+counted as bytes read plus bytes written per second.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from models import native
+from models.choices import GemmChoice
+from models.linear import Linear, onednn_available
+from models.loader import Model
+from models.ops import HeadOp, LayerGroupOp
+
+NATIVE_MAX_ROWS = 8
+
+
+@dataclass(slots=True)
+class FloorWeights:
+    """The model's linear weights in every layout a floor is timed with."""
+
+    layers: dict[str, list[list[Linear]]]  # backend -> per layer [qkv, o, gate, up, down]
+    head: dict[str, Linear]
+
+    @classmethod
+    def of(cls, model: Model) -> FloorWeights:
+        plain = [w.linears() for op in model.ops if isinstance(op, LayerGroupOp)
+                 for w in op.layers]
+        head = next(op for op in model.ops if isinstance(op, HeadOp)).lm_head
+        choices = {"aten": GemmChoice("aten")}
+        if onednn_available(model.dtype):
+            choices["onednn"] = GemmChoice("onednn")
+        if native.supports(model.dtype):
+            choices["native"] = GemmChoice("aten", native_rows=NATIVE_MAX_ROWS)
+        layers = {k: [[Linear.build(lin.plain(), lin.bias, c) for lin in lay] for lay in plain]
+                  for k, c in choices.items()}
+        heads = {k: Linear.build(head.plain(), None, c) for k, c in choices.items()}
+        return cls(layers, heads)
+
+
+@dataclass(frozen=True, slots=True)
+class AttnShape:
+    """The attention matmuls of one sequence group: [Hkv, G, rows, d] x [Hkv, G, d, C]."""
+
+    groups: int  # sequences batched in one matmul (1 for a prefill)
+    rows: int  # query rows per KV head and group (q heads per KV head x new tokens)
+    context: int
+
+
+def floor_fn(w: FloorWeights, backend: str, rows: int, sampled: int, attn: list[AttnShape],
+             num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> Callable[[], None]:
+    """The case's matmuls alone on one backend."""
+    layers, head = w.layers[backend], w.head[backend]
+    xs = {k: torch.randn(rows, k).to(dtype) for k in {lin.weight.shape[1] for lin in layers[0]}}
+    h = torch.randn(sampled, head.weight.shape[1]).to(dtype)
+    qs = [torch.randn(num_kv_heads, a.groups, a.rows, head_dim).to(dtype) for a in attn]
+    ks = [torch.randn(num_kv_heads, a.groups, head_dim, a.context).to(dtype) for a in attn]
+    ps = [torch.randn(num_kv_heads, a.groups, a.rows, a.context).to(dtype) for a in attn]
+    vs = [torch.randn(num_kv_heads, a.groups, a.context, head_dim).to(dtype) for a in attn]
+
+    def run() -> None:
+        for lay in layers:
+            for lin in lay:
+                lin(xs[lin.weight.shape[1]])
+            for q, k, p, v in zip(qs, ks, ps, vs, strict=True):
+                torch.matmul(q, k)  # scores [Hkv, G, rows, C]
+                torch.matmul(p, v)  # values [Hkv, G, rows, d]
+        head(h)
+    return run
+
+
+def floor_backends(w: FloorWeights, rows: int) -> list[str]:
+    return [k for k in w.layers if k != "native" or rows <= NATIVE_MAX_ROWS]
+
+
+def streamed_bytes(model: Model) -> int:
+    """Bytes of weights one decode step reads: every linear weight and lm_head."""
+    total = 0
+    for op in model.ops:
+        if isinstance(op, LayerGroupOp):
+            total += sum(_plain_bytes(lin) for w in op.layers for lin in w.linears())
+        elif isinstance(op, HeadOp):
+            total += _plain_bytes(op.lm_head)
+    return total
+
+
+def _plain_bytes(lin: Linear) -> int:
+    n, k = lin.weight.shape
+    bias = 0 if lin.bias is None else lin.bias.numel() * lin.bias.element_size()
+    return n * k * lin.weight.element_size() + bias
+
+
+def copy_bandwidth(num_bytes: int, repeats: int = 7) -> float:
+    """Bytes read plus written per second by `dst.copy_(src)` of `num_bytes` (median)."""
+    src = torch.ones(num_bytes, dtype=torch.uint8)
+    dst = torch.zeros_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - t0)
+    return 2 * num_bytes / statistics.median(times)

@@ -1,0 +1,59 @@
+"""The CPU's capability line: which instruction sets the fast paths could use here.
+
+Read from `/proc/cpuinfo` (Linux); elsewhere every flag reads False and only
+the portable paths are candidates. The line is printed beside every speed
+figure and is part of the key under which kernel choices are cached.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+_CPUINFO = Path("/proc/cpuinfo")
+
+
+@dataclass(frozen=True, slots=True)
+class CpuCaps:
+    """Instruction sets of this CPU that matter to the GEMM and attention kernels."""
+
+    model_name: str
+    num_cpus: int
+    amx: bool  # AMX tiles with bf16 (amx_tile + amx_bf16)
+    avx512_bf16: bool
+    avx512: bool  # avx512f
+    avx2: bool
+    torch_isa: str  # the ISA torch's own CPU kernels dispatch to
+
+    def line(self) -> str:
+        yes = {True: "yes", False: "no"}
+        return (f"{self.model_name}, {self.num_cpus} CPUs: AMX {yes[self.amx]}, AVX512-BF16 "
+                f"{yes[self.avx512_bf16]}, AVX512 {yes[self.avx512]}, AVX2 {yes[self.avx2]}; "
+                f"torch {torch.__version__} dispatches {self.torch_isa}")
+
+
+def parse_cpuinfo(text: str, num_cpus: int, torch_isa: str) -> CpuCaps:
+    """Capabilities from the text of /proc/cpuinfo (its first processor block)."""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            if fields:
+                break
+            continue
+        key, _, value = line.partition(":")
+        fields[key.strip()] = value.strip()
+    flags = set(fields.get("flags", "").split())
+    return CpuCaps(model_name=fields.get("model name", "unknown CPU"), num_cpus=num_cpus,
+                   amx={"amx_tile", "amx_bf16"} <= flags, avx512_bf16="avx512_bf16" in flags,
+                   avx512="avx512f" in flags, avx2="avx2" in flags, torch_isa=torch_isa)
+
+
+@functools.cache
+def cpu_caps() -> CpuCaps:
+    """This machine's capabilities (read once per process)."""
+    text = _CPUINFO.read_text() if _CPUINFO.is_file() else ""
+    return parse_cpuinfo(text, os.cpu_count() or 1, torch.backends.cpu.get_cpu_capability())

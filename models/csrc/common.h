@@ -1,0 +1,109 @@
+/* Shared helpers of the native CPU kernels: bf16 <-> fp32 and 16-lane fp32 vectors.
+ *
+ * Vectors use GCC's vector extensions, so one source compiles to AVX512, AVX2
+ * or NEON under -march=native; AVX512-BF16 paths use intrinsics.
+ */
+#ifndef SLICEGATE_COMMON_H
+#define SLICEGATE_COMMON_H
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+typedef float f32x16 __attribute__((vector_size(64)));
+typedef uint16_t u16x16 __attribute__((vector_size(32)));
+typedef uint32_t u32x16 __attribute__((vector_size(64)));
+
+enum { EPI_NONE = 0, EPI_SILU = 1, EPI_MUL = 2, EPI_ADD = 3 };
+
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0; /* NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);                      /* round to nearest even */
+    return (uint16_t)(u >> 16);
+}
+
+static inline f32x16 ld_bf16(const uint16_t *p) {
+#if defined(__AVX512F__)
+    __m512i w = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)p)), 16);
+    return (f32x16)_mm512_castsi512_ps(w);
+#else
+    u16x16 h;
+    memcpy(&h, p, sizeof h);
+    u32x16 w = __builtin_convertvector(h, u32x16) << 16;
+    f32x16 f;
+    memcpy(&f, &w, sizeof f);
+    return f;
+#endif
+}
+
+static inline f32x16 ld_f32(const float *p) {
+    f32x16 f;
+    memcpy(&f, p, sizeof f);
+    return f;
+}
+
+/* Round 16 floats to bf16 (nearest even, NaN kept quiet). */
+static inline u16x16 to_bf16x16(f32x16 f) {
+#if defined(__AVX512BF16__)
+    __m256bh h = _mm512_cvtneps_pbh((__m512)f);
+    u16x16 out;
+    memcpy(&out, &h, sizeof out);
+    return out;
+#else
+    u32x16 u;
+    memcpy(&u, &f, sizeof u);
+    u32x16 r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    u32x16 nan = (u32x16)((u & 0x7fffffffu) > 0x7f800000u);
+    r = (r & ~nan) | (0x7fc0u & nan);
+    return __builtin_convertvector(r, u16x16);
+#endif
+}
+
+static inline void st_bf16(uint16_t *p, f32x16 f) {
+    u16x16 h = to_bf16x16(f);
+    memcpy(p, &h, sizeof h);
+}
+
+static inline void st_f32(float *p, f32x16 f) { memcpy(p, &f, sizeof f); }
+
+/* f rounded to bf16 and widened back: what a bf16 tensor would hold. */
+static inline f32x16 round_bf16(f32x16 f) {
+    u16x16 h = to_bf16x16(f);
+#if defined(__AVX512F__)
+    __m256i hi;
+    memcpy(&hi, &h, sizeof hi);
+    return (f32x16)_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(hi), 16));
+#else
+    u32x16 w = __builtin_convertvector(h, u32x16) << 16;
+    f32x16 out;
+    memcpy(&out, &w, sizeof out);
+    return out;
+#endif
+}
+
+static inline f32x16 splat(float v) { return (f32x16){0} + v; }
+
+static inline float hsum(f32x16 v) {
+#if defined(__AVX512F__)
+    return _mm512_reduce_add_ps((__m512)v);
+#else
+    float s = 0.f;
+    for (int i = 0; i < 16; i++) s += v[i];
+    return s;
+#endif
+}
+
+#endif

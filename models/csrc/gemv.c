@@ -1,0 +1,143 @@
+/* Linear layers for a few rows (decode steps), weights streamed once from memory.
+ *
+ * y[m, n] = epi(sum_k x[m, k] * w[n, k] + bias[n]) for m < M, accumulated in fp32.
+ * x: [M, K] with row stride ldx; w: [N, K] contiguous; y, other: [M, N] with row
+ * strides ldy, ldo. Tiles of 4 weight rows x 4 input rows; weight rows are
+ * prefetched PF_ROWS ahead (a single stream per tile is too little for the
+ * hardware prefetcher to keep a core's memory bandwidth busy). bf16 results are
+ * rounded once, to nearest even.
+ */
+#include "common.h"
+
+#define PF_ROWS 16
+
+static inline float epilogue(float acc, int epi, float other) {
+    switch (epi) {
+    case EPI_SILU: return acc / (1.f + expf(-acc));
+    case EPI_MUL: return acc * other;
+    case EPI_ADD: return acc + other;
+    default: return acc;
+    }
+}
+
+/* out[i][j] = dot(x row i, w row j) over K, for a 4 x 4 tile; x rows in fp32 or bf16. */
+#if defined(__AVX512BF16__)
+static inline __attribute__((always_inline)) void tile_bf16(
+        const uint16_t *w, int64_t K, const uint16_t *const xr[4], float out[4][4], const int MT) {
+    __m512 a[4][4];
+    for (int i = 0; i < MT; i++)
+        for (int j = 0; j < 4; j++) a[i][j] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 32 <= K; k += 32) {
+        __m512bh wv[4];
+        for (int j = 0; j < 4; j++) {
+            __builtin_prefetch(w + (PF_ROWS + j) * K + k);
+            wv[j] = (__m512bh)_mm512_loadu_si512(w + j * K + k);
+        }
+        for (int i = 0; i < MT; i++) {
+            __m512bh xv = (__m512bh)_mm512_loadu_si512(xr[i] + k);
+            for (int j = 0; j < 4; j++) a[i][j] = _mm512_dpbf16_ps(a[i][j], wv[j], xv);
+        }
+    }
+    for (int i = 0; i < MT; i++)
+        for (int j = 0; j < 4; j++) {
+            float s = _mm512_reduce_add_ps(a[i][j]);
+            for (int64_t kk = k; kk < K; kk++) s += bf16_to_f32(w[j * K + kk]) * bf16_to_f32(xr[i][kk]);
+            out[i][j] = s;
+        }
+}
+#else
+static inline __attribute__((always_inline)) void tile_bf16(
+        const uint16_t *w, int64_t K, const uint16_t *const xr[4], float out[4][4], const int MT) {
+    f32x16 a[4][4] = {{{0}}};
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        f32x16 wv[4];
+        for (int j = 0; j < 4; j++) {
+            __builtin_prefetch(w + (PF_ROWS + j) * K + k);
+            wv[j] = ld_bf16(w + j * K + k);
+        }
+        for (int i = 0; i < MT; i++) {
+            f32x16 xv = ld_bf16(xr[i] + k);
+            for (int j = 0; j < 4; j++) a[i][j] += wv[j] * xv;
+        }
+    }
+    for (int i = 0; i < MT; i++)
+        for (int j = 0; j < 4; j++) {
+            float s = hsum(a[i][j]);
+            for (int64_t kk = k; kk < K; kk++) s += bf16_to_f32(w[j * K + kk]) * bf16_to_f32(xr[i][kk]);
+            out[i][j] = s;
+        }
+}
+#endif
+
+static inline __attribute__((always_inline)) void tile_f32(
+        const float *w, int64_t K, const float *const xr[4], float out[4][4], const int MT) {
+    f32x16 a[4][4] = {{{0}}};
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        f32x16 wv[4];
+        for (int j = 0; j < 4; j++) {
+            __builtin_prefetch(w + (PF_ROWS + j) * K + k);
+            wv[j] = ld_f32(w + j * K + k);
+        }
+        for (int i = 0; i < MT; i++) {
+            f32x16 xv = ld_f32(xr[i] + k);
+            for (int j = 0; j < 4; j++) a[i][j] += wv[j] * xv;
+        }
+    }
+    for (int i = 0; i < MT; i++)
+        for (int j = 0; j < 4; j++) {
+            float s = hsum(a[i][j]);
+            for (int64_t kk = k; kk < K; kk++) s += w[j * K + kk] * xr[i][kk];
+            out[i][j] = s;
+        }
+}
+
+/* One generic driver: DT is the element type, TILE the tile kernel, LD / ST load and store. */
+#define GEMV_BODY(DT, TILE, LD, ST)                                                     \
+    for (int64_t m0 = 0; m0 < M; m0 += 4) {                                             \
+        const DT *xr[4];                                                                \
+        for (int i = 0; i < 4; i++) xr[i] = x + (m0 + i < M ? m0 + i : M - 1) * ldx;    \
+        for (int64_t n0 = 0; n0 < N; n0 += 4) {                                         \
+            float acc[4][4];                                                            \
+            if (n0 + 4 <= N) {                                                          \
+                switch (M - m0) {                                                       \
+                case 1: TILE(w + n0 * K, K, xr, acc, 1); break;                         \
+                case 2: TILE(w + n0 * K, K, xr, acc, 2); break;                         \
+                case 3: TILE(w + n0 * K, K, xr, acc, 3); break;                         \
+                default: TILE(w + n0 * K, K, xr, acc, 4); break;                        \
+                }                                                                       \
+            } else {                                                                    \
+                for (int i = 0; i < 4; i++)                                             \
+                    for (int64_t j = 0; j < N - n0; j++) {                              \
+                        float s = 0.f;                                                  \
+                        for (int64_t k = 0; k < K; k++)                                 \
+                            s += LD(w[(n0 + j) * K + k]) * LD(xr[i][k]);                \
+                        acc[i][j] = s;                                                  \
+                    }                                                                   \
+            }                                                                           \
+            for (int64_t i = 0; i < 4 && m0 + i < M; i++)                               \
+                for (int64_t j = 0; j < 4 && n0 + j < N; j++) {                         \
+                    int64_t m = m0 + i, n = n0 + j;                                     \
+                    float v = acc[i][j] + (bias ? LD(bias[n]) : 0.f);                   \
+                    float o = other ? LD(other[m * ldo + n]) : 0.f;                     \
+                    y[m * ldy + n] = ST(epilogue(v, epi, o));                           \
+                }                                                                       \
+        }                                                                               \
+    }                                                                                   \
+    return 0;
+
+#define ID(v) (v)
+
+int gemv_bf16(const uint16_t *x, int64_t ldx, const uint16_t *w, const uint16_t *bias,
+              uint16_t *y, int64_t ldy, const uint16_t *other, int64_t ldo,
+              int64_t M, int64_t N, int64_t K, int epi) {
+    GEMV_BODY(uint16_t, tile_bf16, bf16_to_f32, f32_to_bf16)
+}
+
+int gemv_f32(const float *x, int64_t ldx, const float *w, const float *bias,
+             float *y, int64_t ldy, const float *other, int64_t ldo,
+             int64_t M, int64_t N, int64_t K, int epi) {
+    GEMV_BODY(float, tile_f32, ID, ID)
+}

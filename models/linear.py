@@ -1,0 +1,118 @@
+"""Linear layers on the GEMM backend chosen for this CPU, with fused epilogues.
+
+`Linear` stores its weight once, in the layout of one backend:
+
+- `aten`: the plain `[N, K]` weight through `F.linear` (MKL or oneDNN inside aten);
+- `onednn`: the weight reordered once into oneDNN's blocked layout
+  (`torch.ops.mkldnn._reorder_linear_weight`), run by `_linear_pointwise`,
+  which also fuses SiLU, a multiply or a residual add into the GEMM's epilogue.
+  `pack_rows` is the batch-size hint the layout is reordered for (None: oneDNN's
+  default);
+- inputs of at most `native_rows` rows (decode steps) run the native GEMV of
+  `models.native` over a plain copy of the weight, epilogues fused likewise.
+
+Which backend is fastest differs between CPUs (AMX, AVX512-BF16, AVX2 only)
+and dtypes; `models.tuning` measures it at start-up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from models import native
+from models.choices import GemmChoice
+
+_mkldnn = torch.ops.mkldnn
+
+ATEN = GemmChoice("aten")
+
+
+def onednn_available(dtype: torch.dtype) -> bool:
+    """oneDNN's packed linear exists in this torch build for `dtype` (pure check)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    if dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return dtype == torch.float32
+
+
+@dataclass(slots=True)
+class Linear:
+    """`y = x @ W.T + b`. x: [..., K] -> [..., N]."""
+
+    weight: torch.Tensor  # [N, K]: plain (aten) or oneDNN's opaque blocked tensor
+    bias: torch.Tensor | None  # [N]
+    packed: bool
+    native_rows: int = 0  # inputs of up to this many rows run the native GEMV
+    rows_major: torch.Tensor | None = None  # [N, K] plain, for the native GEMV when packed
+
+    @classmethod
+    def build(cls, weight: torch.Tensor, bias: torch.Tensor | None,
+              choice: GemmChoice = ATEN) -> Linear:
+        """`weight` [N, K] laid out for `choice` (CPU only; elsewhere always aten)."""
+        if weight.device.type != "cpu":
+            return cls(weight, bias, False)
+        weight = weight.contiguous()
+        if choice.backend != "onednn":
+            return cls(weight, bias, False, choice.native_rows)
+        packed = _mkldnn._reorder_linear_weight(weight, choice.pack_rows)
+        keep = weight if choice.native_rows else None
+        return cls(packed, bias, True, choice.native_rows, keep)
+
+    def _native(self, x: torch.Tensor) -> torch.Tensor | None:
+        # the weight for the native GEMV when it takes `x`, else None
+        if x.dim() != 2 or x.shape[0] > self.native_rows or x.stride(1) != 1:
+            return None
+        return self.row_major()
+
+    def _run(self, x: torch.Tensor, epilogue: str, other: torch.Tensor | None) -> torch.Tensor:
+        w = self._native(x)
+        if w is not None:
+            return native.linear(x, w, self.bias, epilogue, other)
+        if not self.packed:
+            y = F.linear(x, self.weight, self.bias)
+            if epilogue == "silu":
+                return F.silu(y)
+            return y if other is None else (y.mul_(other) if epilogue == "mul" else y.add_(other))
+        if other is None:
+            attr = "swish" if epilogue == "silu" else "none"
+            return _mkldnn._linear_pointwise(x, self.weight, self.bias, attr, [], "")
+        return _mkldnn._linear_pointwise.binary(x, other, self.weight, self.bias, epilogue)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self._run(x, "none", None)
+
+    def silu(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(x @ W.T + b)."""
+        return self._run(x, "silu", None)
+
+    def mul(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+        """(x @ W.T + b) * other, as a new tensor (`other` is left alone)."""
+        return self._run(x, "mul", other)
+
+    def add(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+        """(x @ W.T + b) + other, as a new tensor (`other` is left alone)."""
+        return self._run(x, "add", other)
+
+    def row_major(self) -> torch.Tensor | None:
+        """The plain [N, K] weight the native GEMV reads, if it is kept (no copy)."""
+        return self.rows_major if self.packed else self.weight
+
+    def plain(self) -> torch.Tensor:
+        """The weight as a plain [N, K] tensor (a copy when packed)."""
+        return self.weight.to_dense() if self.packed else self.weight
+
+    def to(self, device: torch.device) -> Linear:
+        """On another device, as a plain `aten` linear."""
+        bias = None if self.bias is None else self.bias.to(device)
+        return Linear(self.plain().to(device), bias, False)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: the weight (twice when a plain copy is kept for the GEMV) and bias."""
+        w = self.weight
+        n = w.shape[0] * w.shape[1] * w.element_size() * (2 if self.rows_major is not None else 1)
+        return n + (0 if self.bias is None else self.bias.numel() * self.bias.element_size())

@@ -1,0 +1,235 @@
+"""The start-up measurements behind a `KernelChoice` (see `models.tuning`).
+
+Each `measure_*` times the candidates of one choice on this CPU, interleaved,
+medians over repeats, over the model's own shapes (and, for GEMMs, its own
+weights streamed from memory), and returns the winner with its timings (ms).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+import torch
+
+from models import attention as attn
+from models import layers as lay
+from models import native
+from models.batch import DecodeGroup, SeqSpec, build_batch
+from models.choices import GemmChoice, LayerChoice
+from models.config import ModelConfig
+from models.kernels import layer_for
+from models.kv_cache import KVCache
+from models.layers import AttnDims, LayerWeights
+from models.linear import ATEN, Linear, onednn_available
+
+GEMM_ROWS = (1, 16, 128, 512)
+COMPUTE_BOUND_ROWS = 128  # from here GEMMs are compute-bound: a few layers' weights suffice
+COMPUTE_BOUND_LAYERS = 3
+NATIVE_ROWS = (1, 2, 4, 8)
+NORM_TOKENS = (1, 16, 128, 512)
+GEMM_BUDGET_BYTES = 256 << 20  # weights timed per candidate: enough to stream from memory
+PREFILL_SIZES = (16, 32, 64, 128, 256, 512)
+DECODE_BATCHES = (1, 8, 32)
+BLOCK = 16
+
+
+def median_ms(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Median wall time of each function, interleaved a, b, a, b, ... after one warm-up."""
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) * 1e3 for k, v in times.items()}
+
+
+def gemm_candidates(dtype: torch.dtype) -> list[GemmChoice]:
+    if not onednn_available(dtype):
+        return [ATEN]
+    return [ATEN, GemmChoice("onednn"), GemmChoice("onednn", 16)]
+
+
+def _budget_layers(layers: list[LayerWeights]) -> list[LayerWeights]:
+    out: list[LayerWeights] = []
+    for w in layers:
+        if out and sum(x.nbytes for x in out) >= GEMM_BUDGET_BYTES:
+            break
+        out.append(w)
+    return out
+
+
+def _budget_linears(layers: list[LayerWeights]) -> list[Linear]:
+    return [lin for w in _budget_layers(layers) for lin in w.linears()]
+
+
+def _gemm_run(linears: list[Linear], rows: int, dtype: torch.dtype) -> Callable[[], None]:
+    xs = {k: torch.randn(rows, k).to(dtype) for k in {lin.weight.shape[1] for lin in linears}}
+
+    def run() -> None:
+        for lin in linears:
+            lin(xs[lin.weight.shape[1]])
+    return run
+
+
+def measure_gemm(layers: list[LayerWeights], dtype: torch.dtype,
+                 repeats: int) -> tuple[GemmChoice, dict[str, dict[int, float]]]:
+    """The backend with the least total time relative to the best at each row count."""
+    plain = _budget_linears(layers)
+    sets = {c: [Linear.build(lin.plain(), lin.bias, c) for lin in plain]
+            for c in gemm_candidates(dtype)}
+    ms: dict[str, dict[int, float]] = {c.name: {} for c in sets}
+    few = 5 * COMPUTE_BOUND_LAYERS  # linears of that many layers
+    for rows in GEMM_ROWS:
+        subset = {c: (s if rows < COMPUTE_BOUND_ROWS else s[:few]) for c, s in sets.items()}
+        got = median_ms({c.name: _gemm_run(s, rows, dtype) for c, s in subset.items()}, repeats)
+        for name, t in got.items():
+            ms[name][rows] = t
+    best = {rows: min(ms[c.name][rows] for c in sets) for rows in GEMM_ROWS}
+    score = {c: sum(ms[c.name][r] / best[r] for r in GEMM_ROWS) for c in sets}
+    chosen = min(sets, key=lambda c: score[c])
+    if not native.supports(dtype):
+        return chosen, ms
+    rows, native_ms = _native_rows(plain, sets[chosen], dtype, repeats)
+    ms["native"], ms[chosen.name] = native_ms["native"], {**ms[chosen.name], **native_ms["base"]}
+    return replace(chosen, native_rows=rows), ms
+
+
+def _native_rows(plain: list[Linear], base: list[Linear], dtype: torch.dtype,
+                 repeats: int) -> tuple[int, dict[str, dict[int, float]]]:
+    """Largest row count up to which the native GEMV beats `base` at every measured count."""
+    gemv = [Linear(lin.plain(), lin.bias, False, max(NATIVE_ROWS)) for lin in plain]
+    ms: dict[str, dict[int, float]] = {"native": {}, "base": {}}
+    limit = 0
+    for rows in NATIVE_ROWS:
+        got = median_ms({"native": _gemm_run(gemv, rows, dtype),
+                         "base": _gemm_run(base, rows, dtype)}, repeats)
+        ms["native"][rows], ms["base"][rows] = got["native"], got["base"]
+        if got["native"] >= got["base"]:
+            break
+        limit = rows
+    return limit, ms
+
+
+def _prefill_ms(n: int, h: int, hkv: int, d: int, dtype: torch.dtype,
+                repeats: int) -> dict[str, float]:
+    q = torch.randn(n, h, d).to(dtype)  # [n, H, d]
+    k, v = torch.randn(hkv, n, d).to(dtype), torch.randn(hkv, n, d).to(dtype)  # [Hkv, n, d]
+    mask = torch.ones(n, n, dtype=torch.bool).tril()
+    return median_ms({"matmul": lambda: attn.attend_matmul(q, k, v, mask),
+                      "sdpa": lambda: attn.attend_sdpa(q, k, v, None)}, repeats)
+
+
+def measure_prefill(cfg: ModelConfig, dtype: torch.dtype,
+                    repeats: int) -> tuple[int, dict[int, dict[str, float]]]:
+    """Largest n*n query-key pairs up to which explicit matmuls beat SDPA at every size."""
+    h, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    limit, ms = 0, {}
+    for n in PREFILL_SIZES:
+        ms[n] = _prefill_ms(n, h, hkv, d, dtype, repeats)
+        if ms[n]["matmul"] >= ms[n]["sdpa"]:
+            break
+        limit = n * n
+    return limit, ms
+
+
+def _decode_inputs(cfg: ModelConfig, dtype: torch.dtype, b: int) -> tuple[
+        torch.Tensor, DecodeGroup, torch.Tensor, torch.Tensor]:
+    ctx = torch.tensor([64 + (448 * i) // max(1, b - 1) for i in range(b)])  # 64..512
+    nb = -(-int(ctx.max()) // BLOCK)
+    mask = (torch.arange(nb * BLOCK)[None, :] < ctx[:, None])[None, :, None, :]  # [1, B, 1, C]
+    blocks = torch.randperm(b * nb).view(b, nb)  # scattered, as in a long-running cache
+    g = DecodeGroup(torch.arange(b), blocks, mask, ctx)
+    q = torch.randn(b, cfg.num_heads, cfg.head_dim).to(dtype)  # [B, H, d]
+    keys = torch.randn(cfg.num_kv_heads, b * nb, BLOCK, cfg.head_dim).to(dtype)
+    return q, g, keys, torch.randn_like(keys)  # keys, values: [Hkv, num_blocks, bs, d]
+
+
+def _decode_kernels(cfg: ModelConfig, dtype: torch.dtype) -> list[str]:
+    ok = native.supports(dtype) and native.decode_supported(cfg.num_heads, cfg.num_kv_heads,
+                                                            cfg.head_dim)
+    return ["sdpa", "matmul", "native"] if ok else ["sdpa", "matmul"]
+
+
+def _decode_ms(cfg: ModelConfig, dtype: torch.dtype, b: int, kernels: list[str],
+               repeats: int) -> dict[str, float]:
+    q, g, keys, values = _decode_inputs(cfg, dtype, b)
+
+    def gathered(kernel: Callable[..., torch.Tensor]) -> Callable[[], torch.Tensor]:
+        return lambda: kernel(q, g, attn.gather(keys, g.blocks), attn.gather(values, g.blocks))
+    fns = {"sdpa": gathered(attn.decode_sdpa), "matmul": gathered(attn.decode_matmul),
+           "native": lambda: native.decode_attention(q, keys, values, g.blocks, g.lens)}
+    return median_ms({k: fns[k] for k in kernels}, repeats)
+
+
+def measure_decode(cfg: ModelConfig, dtype: torch.dtype,
+                   repeats: int) -> tuple[str, dict[int, dict[str, float]]]:
+    """The decode attention kernel with the least total time over batches 1, 8, 32."""
+    kernels = _decode_kernels(cfg, dtype)
+    ms = {b: _decode_ms(cfg, dtype, b, kernels, repeats) for b in DECODE_BATCHES}
+    return min(kernels, key=lambda k: sum(m[k] for m in ms.values())), ms
+
+
+def _norm_rope_ms(cfg: ModelConfig, dtype: torch.dtype, t: int, repeats: int) -> dict[str, float]:
+    dims = AttnDims(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps)
+    width = (dims.num_heads + 2 * dims.num_kv_heads) * dims.head_dim
+    w = torch.randn(cfg.hidden_size).to(dtype)  # [D]
+    kv = KVCache(range(1), -(-t // BLOCK), BLOCK, cfg.num_kv_heads, cfg.head_dim, dtype,
+                 torch.device("cpu"))
+    x = torch.randn(t, cfg.hidden_size).to(dtype)  # [T, D]
+    qkv = torch.randn(t, width).to(dtype)  # [T, (H + 2*Hkv) * d]
+    slots = torch.arange(t)
+    cos, sin = lay.rope_cos_sin(slots, torch.rand(cfg.head_dim // 2), 1.0, dtype)
+
+    def step(kernel: str) -> Callable[[], object]:
+        return lambda: (lay.norm(x, w, 1e-6, kernel), lay.norm(x, w, 1e-6, kernel),
+                        lay.rope_and_write(qkv, cos, sin, dims, kv, 0, slots, kernel))
+    return median_ms({"aten": step("aten"), "native": step("native")}, repeats)
+
+
+def measure_norm_rope(cfg: ModelConfig, dtype: torch.dtype,
+                      repeats: int) -> tuple[str, dict[int, dict[str, float]]]:
+    """aten against native RMSNorm + RoPE + KV write (one layer's), by total relative time."""
+    if not native.supports(dtype):
+        return "aten", {}
+    ms = {t: _norm_rope_ms(cfg, dtype, t, repeats) for t in NORM_TOKENS}
+    score = {k: sum(m[k] / min(m.values()) for m in ms.values()) for k in ("aten", "native")}
+    return min(score, key=lambda k: score[k]), ms
+
+
+def _decode_step(lw: list[LayerWeights], cfg: ModelConfig, dtype: torch.dtype, rows: int,
+                 choice: LayerChoice, whole: bool) -> Callable[[], object]:
+    dims = AttnDims(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps)
+    kv = KVCache(range(len(lw)), rows * 8, BLOCK, cfg.num_kv_heads, cfg.head_dim, dtype,
+                 torch.device("cpu"))
+    seqs = [SeqSpec(f"r{i}", [1], 100, list(range(8 * i, 8 * i + 8))) for i in range(rows)]
+    batch = build_batch(seqs, BLOCK, torch.device("cpu"))
+    cos, sin = lay.rope_cos_sin(batch.positions, torch.rand(cfg.head_dim // 2), 1.0, dtype)
+    x = torch.randn(rows, cfg.hidden_size).to(dtype)  # [B, D]
+
+    def run() -> None:
+        y = x
+        for i, w in enumerate(lw):
+            y = (lay.native_decoder_layer(y, w, dims, cos, sin, batch, kv, i) if whole
+                 else lay.decoder_layer(y, w, dims, cos, sin, batch, kv, i, choice))
+    return run
+
+
+def measure_decode_layer(layers: list[LayerWeights], cfg: ModelConfig, dtype: torch.dtype,
+                         gemm: GemmChoice, choice: LayerChoice,
+                         repeats: int) -> tuple[str, dict[int, dict[str, float]]]:
+    """Op by op against one native call per layer, where every part of the layer is native."""
+    if not (gemm.native_rows and choice.decode == "native" and choice.norm_rope == "native"):
+        return "ops", {}
+    lw = [layer_for(w, gemm) for w in _budget_layers(layers)]
+    ms = {}
+    for rows in sorted({1, gemm.native_rows}):
+        ms[rows] = median_ms({k: _decode_step(lw, cfg, dtype, rows, choice, k == "native")
+                              for k in ("ops", "native")}, repeats)
+    score = {k: sum(m[k] for m in ms.values()) for k in ("ops", "native")}
+    return min(score, key=lambda k: score[k]), ms

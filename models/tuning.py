@@ -1,0 +1,147 @@
+"""Start-up measurement of the fastest kernels on this CPU, cached on disk.
+
+What is fastest differs between CPUs (AMX, AVX512-BF16, AVX2 only) and dtypes:
+on one CPU explicit-matmul attention beat the flash kernel for half-precision
+prefills, on another it is 10x slower. So nothing is assumed: on first load
+of a (CPU, torch, model shape, dtype, threads) this module times
+
+- each GEMM backend (`models.linear`) over the model's own layer weights at
+  1, 16, 128 and 512 rows, weights streamed from memory as in a real step
+  (from 128 rows, compute-bound, over three layers' weights), then
+  the native GEMV (`models.native`) against it at 1, 2, 4 and 8 rows;
+- explicit-matmul against SDPA attention for causal prefills of 16..512 tokens;
+- the decode attention kernels at batch 1, 8 and 32 over mixed contexts in a
+  paged cache (the gather included where a kernel needs one);
+- aten against native RMSNorm + RoPE + KV write at 1..512 tokens;
+- where every part of a decode layer went native: the layers op by op against
+  one native call per layer, for decode steps of 1 and `native_rows` rows;
+
+then writes the choice, every timing and whether the native kernels were on
+(how they were built, or why not) to `cache_root()/kernels/*.json`, which later
+loads read back at once (about two seconds of measuring for the default model,
+once per machine). Whether the native kernels could be built is part of the
+key: a machine that gains a C compiler measures again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from models import native, probes
+from models.choices import KernelChoice, LayerChoice
+from models.config import ModelConfig
+from models.cpu import cpu_caps
+from models.default_model import cache_root
+from models.layers import LayerWeights
+from models.linear import onednn_available
+
+logger = logging.getLogger(__name__)
+
+TUNING_VERSION = 2  # NOTE: bump when candidates or the method change, so caches are remeasured
+
+
+@dataclass(slots=True)
+class Tuned:
+    """A measured choice, what it was measured on, and the timings behind it (ms)."""
+
+    choice: KernelChoice
+    key: dict[str, Any]
+    timings_ms: dict[str, Any]
+    measured_s: float
+    cpu: str  # the capability line
+    native: str = ""  # the native kernels: how they were built, or why they are off
+    from_cache: bool = False
+
+
+@contextmanager
+def _threads(n: int) -> Iterator[None]:
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def measure(layers: list[LayerWeights], cfg: ModelConfig, dtype: torch.dtype,
+            threads: int = 1, repeats: int = 5) -> Tuned:
+    """Time every candidate on this CPU (in the calling thread, on `threads` threads)."""
+    t0 = time.perf_counter()
+    with _threads(threads), torch.inference_mode():
+        gemm, gemm_ms = probes.measure_gemm(layers, dtype, repeats)
+        limit, prefill_ms = probes.measure_prefill(cfg, dtype, repeats)
+        decode, decode_ms = probes.measure_decode(cfg, dtype, repeats)
+        norm_rope, norm_ms = probes.measure_norm_rope(cfg, dtype, repeats)
+        layer = LayerChoice(limit, decode, norm_rope)
+        whole, whole_ms = probes.measure_decode_layer(layers, cfg, dtype, gemm, layer, repeats)
+    choice = KernelChoice(gemm, replace(layer, decode_layer=whole))
+    timings = {"gemm": gemm_ms, "prefill_attention": prefill_ms, "decode_attention": decode_ms,
+               "norm_rope": norm_ms, "decode_layer": whole_ms}
+    return Tuned(choice, tuning_key(cfg, dtype, threads), timings, time.perf_counter() - t0,
+                 cpu_caps().line(), native.note())
+
+
+def tuning_key(cfg: ModelConfig, dtype: torch.dtype, threads: int) -> dict[str, Any]:
+    """What a measured choice depends on."""
+    shape = {k: getattr(cfg, k) for k in ("hidden_size", "intermediate_size", "num_layers",
+                                          "num_heads", "num_kv_heads", "head_dim", "qkv_bias")}
+    return {"cpu": asdict(cpu_caps()), "torch": torch.__version__, "dtype": str(dtype),
+            "threads": threads, "shape": shape, "native": native.library() is not None,
+            "onednn": onednn_available(dtype),  # NOTE: $ONEDNN_MAX_CPU_ISA can take it away
+            "version": TUNING_VERSION}
+
+
+def cache_path(key: dict[str, Any], cache_dir: Path | None = None) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return (cache_dir or cache_root()) / "kernels" / f"{digest}.json"
+
+
+def _read(path: Path, key: dict[str, Any]) -> Tuned | None:
+    try:
+        d = json.loads(path.read_text())
+        if d["key"] != json.loads(json.dumps(key)):
+            return None
+        return Tuned(KernelChoice.from_dict(d["choice"]), d["key"], d["timings_ms"],
+                     d["measured_s"], d["cpu"], d["native"], from_cache=True)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        logger.warning("ignoring kernel cache %s: %s", path, e)
+        return None
+
+
+def _write(path: Path, t: Tuned) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{time.monotonic_ns()}.tmp")
+    tmp.write_text(json.dumps({"key": t.key, "choice": t.choice.to_dict(), "cpu": t.cpu,
+                               "native": t.native, "measured_s": t.measured_s,
+                               "timings_ms": t.timings_ms}, indent=1))
+    tmp.replace(path)
+
+
+def load_or_measure(layers: list[LayerWeights], cfg: ModelConfig, dtype: torch.dtype,
+                    threads: int = 1, cache_dir: Path | None = None,
+                    refresh: bool = False) -> Tuned:
+    """The cached choice for this machine and model shape, else `measure` and cache it."""
+    key = tuning_key(cfg, dtype, threads)
+    path = cache_path(key, cache_dir)
+    if path.is_file() and not refresh:
+        cached = _read(path, key)
+        if cached is not None:
+            return cached
+    tuned = measure(layers, cfg, dtype, threads)
+    try:
+        _write(path, tuned)
+    except OSError as e:  # NOTE: a read-only cache costs a measurement per load, not the load
+        logger.warning("kernel choice not cached at %s: %s", path, e)
+    logger.info("kernels measured in %.1f s on %s (native kernels %s): %s", tuned.measured_s,
+                tuned.cpu, tuned.native, tuned.choice.describe())
+    return tuned

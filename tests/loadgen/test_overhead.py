@@ -1,0 +1,77 @@
+"""loadgen probe --overhead: the summary's arithmetic, and a whole probe on a real slicegate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from loadgen.__main__ import main
+from loadgen.overhead import ProbeConfig, Sample, markdown, run_probe, summarize
+from loadgen.timeline import OpSpan
+
+
+def _direct(case: tuple[int, int], ttft_s: float, total_s: float) -> dict:
+    return {"case": list(case), "ttft_s": [ttft_s], "total_s": [total_s]}
+
+
+def test_split_of_a_request_around_its_ops() -> None:
+    spans = [OpSpan("cpu:0", 1.002, 1.010), OpSpan("cpu:0", 1.011, 1.020)]
+    s = Sample((16, 2), "stream", 1.000, 1.015, 1.023, spans)
+    split = s.split_ms()
+    assert split == pytest.approx({"before_first_op": 2.0, "ops": 17.0, "between_ops": 1.0,
+                                   "after_last_op": 3.0})
+    assert Sample((16, 2), "json", 1.0, None, 1.1).split_ms() == {}
+
+
+def test_overheads_are_server_minus_direct_medians() -> None:
+    config = ProbeConfig(out=Path("x"), prompt_tokens=(16,), max_tokens=(1, 4))
+    direct = [_direct((16, 1), 0.010, 0.010), _direct((16, 1), 0.012, 0.012),
+              _direct((16, 1), 0.014, 0.014), _direct((16, 4), 0.010, 0.040)]
+    samples = [Sample((16, 1), "json", 0.0, None, 0.013),
+               Sample((16, 1), "stream", 0.0, 0.020, 0.021),
+               Sample((16, 4), "json", 0.0, None, 0.060),
+               Sample((16, 4), "stream", 0.0, 0.011, 0.041)]
+    summary = summarize(config, direct, samples)
+    rows = {(r["max_tokens"], r["mode"]): r for r in summary["rows"]}
+    assert rows[1, "json"]["direct_total_ms"] == pytest.approx(12.0)
+    assert rows[1, "json"]["overhead_ms"] == pytest.approx(1.0)
+    assert rows[1, "json"]["ttft_overhead_ms"] is None  # no first token without a stream
+    assert rows[1, "stream"]["overhead_ms"] == pytest.approx(9.0)
+    assert rows[1, "stream"]["ttft_overhead_ms"] == pytest.approx(8.0)
+    assert rows[4, "json"]["overhead_ms"] == pytest.approx(20.0)
+    # the goal is judged on single-token requests, both modes: the worst is the stream's 9 ms
+    assert summary["goal"]["worst_ms"] == pytest.approx(9.0) and not summary["goal"]["met"]
+    text = markdown(summary)
+    assert "| 16 | 1 | stream | 12.0 | 20.0 | 12.0 | 21.0 | 9.0 |" in text
+    assert "worst 9.0 ms, MISSED" in text
+    json.dumps(summary)  # what the command writes
+
+
+def test_direct_runs_on_the_threads_of_the_servers_executors(monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    assert ProbeConfig(out=Path("x"), devices="cpu:0").direct_threads() == 8
+    assert ProbeConfig(out=Path("x"), devices="cpu:0,cpu:1").direct_threads() == 4
+    assert ProbeConfig(out=Path("x"), devices="cpu:0", threads=1).direct_threads() == 1
+
+
+def test_probe_needs_to_be_told_what_to_probe(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["probe"]) != 0
+    assert "say what to probe: --overhead" in capsys.readouterr().err
+
+
+def test_probe_on_slicegate(tmp_path: Path) -> None:
+    """The real `python -m gateway serve --model tiny-random` beside `python -m models direct`."""
+    config = ProbeConfig(out=tmp_path, model="tiny-random", dtype="float32", prompt_tokens=(8,),
+                         max_tokens=(1, 3), requests=2, rounds=1, warmup=1, ready_timeout_s=120)
+    summary = run_probe(config)
+    assert len(summary["rows"]) == 4
+    for r in summary["rows"]:
+        assert r["requests"] == 2 and r["direct_total_ms"] > 0 and r["server_total_ms"] > 0
+        assert r["overhead_ms"] is not None
+        assert (r["server_ttft_ms"] is not None) == (r["mode"] == "stream")
+        split = r["split_ms"]
+        assert split["ops"] is not None and split["ops"] > 0  # spans from /admin/timeline
+    assert summary["goal"]["worst_ms"] is not None

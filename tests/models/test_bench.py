@@ -1,0 +1,30 @@
+"""`python -m models bench` on a tiny model: every case, its floor, the goals, the JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from models import bench
+
+
+def test_bench_rows_floors_and_goals(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "models.json"
+    result = bench.run("tiny-random", ["bfloat16"], repeats=1, threads=1, json_path=out)
+    cases = [r["case"] for r in result["rows"]]
+    assert cases == [f"prefill {n}" for n in bench.PREFILLS] + [
+        f"decode b={b}" for b in bench.DECODE_BATCHES]
+    for r in result["rows"]:
+        assert r["ours_s"] > 0 and r["hf_s"] > 0 and r["floor_s"] > 0
+        assert r["floor_backend"] in ("aten", "onednn", "native")
+    stream = result["per_dtype"]["bfloat16"]["stream"]
+    assert stream["weight_bytes"] > 0 and stream["copy_bandwidth_bytes_s"] > 0
+    goals = [g["goal"] for g in result["goals"]]
+    assert "bfloat16 decode b=1: ours <= 1.5x weight streaming" in goals
+    assert "bfloat16 prefill 16: ours <= 3.0x GEMM floor" in goals
+    assert "bfloat16 prefill 512: ours <= 1.5x GEMM floor" in goals
+    assert json.loads(out.read_text())["cpu"] == result["cpu"]
+    printed = capsys.readouterr().out
+    assert result["cpu"] in printed and "| bfloat16 | decode b=32 |" in printed

@@ -1,0 +1,127 @@
+"""The start-up kernel choice: measured once, recorded on disk, reused, remeasured on change."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import models
+from models import native, tuning
+from models.choices import PORTABLE, KernelChoice
+from models.cpu import parse_cpuinfo
+from models.linear import onednn_available
+from models.loader import layer_weights
+
+CPUINFO = """processor\t: 0
+vendor_id\t: GenuineIntel
+model name\t: Some Xeon
+flags\t\t: fpu sse avx2 avx512f avx512_bf16 amx_tile amx_bf16
+
+processor\t: 1
+model name\t: Some Xeon
+flags\t\t: fpu
+"""
+
+
+def test_capability_line_from_cpuinfo() -> None:
+    caps = parse_cpuinfo(CPUINFO, 2, "AVX512")
+    assert (caps.amx, caps.avx512_bf16, caps.avx512, caps.avx2) == (True, True, True, True)
+    assert caps.line().startswith("Some Xeon, 2 CPUs: AMX yes, AVX512-BF16 yes, AVX512 yes")
+    bare = parse_cpuinfo("model name : Old\nflags : sse avx2\n", 1, "AVX2")
+    assert (bare.amx, bare.avx512_bf16, bare.avx512, bare.avx2) == (False, False, False, True)
+
+
+@pytest.fixture()
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("SLICEGATE_CACHE", str(tmp_path))
+    return tmp_path
+
+
+def _count_measures(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls: list[int] = []
+    real = tuning.measure
+
+    def counting(*args: object, **kwargs: object) -> tuning.Tuned:
+        calls.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+    monkeypatch.setattr(tuning, "measure", counting)
+    return calls
+
+
+def test_choice_is_recorded_then_reused(tiny_model_dir: Path, cache: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _count_measures(monkeypatch)
+    first = models.load(tiny_model_dir, dtype="bfloat16")
+    files = list((cache / "kernels").glob("*.json"))
+    assert len(calls) == 1 and len(files) == 1
+    record = json.loads(files[0].read_text())
+    assert KernelChoice.from_dict(record["choice"]) == first.kernels
+    assert record["timings_ms"]["gemm"]
+    assert record["cpu"].startswith(record["key"]["cpu"]["model_name"])
+    assert record["native"] == native.note()  # how the native kernels were built, or why not
+    assert record["key"]["native"] == (native.library() is not None)
+    again = models.load(tiny_model_dir, dtype="bfloat16")
+    assert len(calls) == 1 and again.kernels == first.kernels  # read back, not measured
+    models.load(tiny_model_dir, dtype="bfloat16", retune=True)
+    assert len(calls) == 2
+
+
+def test_another_dtype_or_thread_count_is_measured_apart(tiny_model_dir: Path, cache: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _count_measures(monkeypatch)
+    models.load(tiny_model_dir, dtype="bfloat16")
+    models.load(tiny_model_dir, dtype="float32")
+    models.load(tiny_model_dir, dtype="float32", threads=2)
+    assert len(calls) == 3 and len(list((cache / "kernels").glob("*.json"))) == 3
+
+
+def test_a_damaged_or_stale_record_is_measured_again(tiny_model_dir: Path, cache: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    model = models.load(tiny_model_dir, dtype="float32", kernel_choice=PORTABLE)
+    args = (layer_weights(model.ops), model.config, model.dtype)
+    path = tuning.cache_path(tuning.tuning_key(*args[1:], threads=1))
+    tuning.load_or_measure(*args)
+    calls = _count_measures(monkeypatch)
+    path.write_text("{not json")
+    assert not tuning.load_or_measure(*args).from_cache
+    record = json.loads(path.read_text())
+    record["key"]["torch"] = "0.0"  # measured under another torch
+    path.write_text(json.dumps(record))
+    assert not tuning.load_or_measure(*args).from_cache
+    assert tuning.load_or_measure(*args).from_cache and len(calls) == 2
+
+
+def test_a_forced_choice_measures_nothing(tiny_model_dir: Path, cache: Path) -> None:
+    model = models.load(tiny_model_dir, dtype="float32", kernel_choice=PORTABLE)
+    assert model.kernels == PORTABLE and not (cache / "kernels").exists()
+
+
+@pytest.mark.skipif(not onednn_available(torch.bfloat16), reason="no oneDNN bf16 here")
+def test_a_choice_is_not_read_back_once_onednn_is_held_back(tiny_model_dir: Path,
+                                                            tmp_path: Path) -> None:
+    code = ("import models; "
+            f"print(models.load({str(tiny_model_dir)!r}, dtype='bfloat16').kernels.gemm.backend)")
+
+    def load(**env: str) -> str:
+        full = {**os.environ, "SLICEGATE_CACHE": str(tmp_path), **env}
+        return subprocess.run([sys.executable, "-c", code], env=full, capture_output=True,
+                              text=True, timeout=300, check=True).stdout.strip()
+    load()
+    assert load(ONEDNN_MAX_CPU_ISA="AVX2") == "aten"  # no bf16 oneDNN there: measured again
+    assert len(list((tmp_path / "kernels").glob("*.json"))) == 2
+
+
+def test_a_cache_that_cannot_be_written_costs_a_measurement_not_the_load(
+        tiny_model_dir: Path, cache: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    (cache / "kernels").write_text("a file where the folder should be")
+    calls = _count_measures(monkeypatch)
+    models.load(tiny_model_dir, dtype="float32")
+    models.load(tiny_model_dir, dtype="float32")
+    assert len(calls) == 2 and "kernel choice not cached" in caplog.text
