@@ -121,7 +121,8 @@ def goal_lines(outcomes: Mapping[str, RunOutcome], alone_run: str | None = None,
     vllm_attained = other("vllm", "hp_slo_attainment")
     p90 = sl["hp_ttft_p90_s"]
     floor = alone_p90 if alone_run == "slice-alone" else None
-    alone = f"; alone: {_fmt(other(alone_run, 'hp_slo_attainment'), '.1%')}" if alone_run else ""
+    alone = (f"; alone: {_fmt(ran[alone_run]['hp_slo_attainment'], '.1%')}"
+             if alone_run in ran else "")
     checks: list[tuple[str, bool | None]] = [
         (f"interactive SLO attainment {_fmt(attained, '.1%')} >= 99% over {n} requests{alone}",
          None if attained is None else attained >= 0.99),
