@@ -62,9 +62,12 @@ def test_the_docs_have_their_examples() -> None:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    log = tmp_path_factory.mktemp("examples") / "server.log"
+    folder = tmp_path_factory.mktemp("examples")
+    log = folder / "server.log"
+    # NOTE: its own data dir; the default one may be held by a server running on the machine
     args = ["--model", "tiny-random", "--served-model-name", "default", "--dtype", "float32",
-            "--device-memory-gib", "0.25", "--tenants", "examples/tenants.yaml"]
+            "--device-memory-gib", "0.25", "--tenants", "examples/tenants.yaml",
+            "--data-dir", str(folder / "data")]
     with GatewayProcess(args, log) as process:
         yield process
 
