@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM
 
-from models import native, tuning
+from models import native, probes, tuning
 from models.bench_cases import BLOCK, Case, decode_case, prefill_case
 from models.bench_floor import FloorWeights, copy_bandwidth, streamed_bytes
 from models.choices import PORTABLE
@@ -58,15 +57,7 @@ class Row:
 
 def _medians(case: Case, repeats: int) -> dict[str, float]:
     fns = {"ours": case.ours, "hf": case.hf, **{f"floor:{k}": f for k, f in case.floors.items()}}
-    for fn in fns.values():
-        fn()  # warm-up
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeats):
-        for k, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[k].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}
+    return {k: ms / 1e3 for k, ms in probes.median_ms(fns, repeats).items()}
 
 
 def _row(dtype: str, case: Case, repeats: int) -> Row:

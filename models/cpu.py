@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,3 +59,14 @@ def cpu_caps() -> CpuCaps:
     """This machine's capabilities (read once per process)."""
     text = _CPUINFO.read_text() if _CPUINFO.is_file() else ""
     return parse_cpuinfo(text, os.cpu_count() or 1, torch.backends.cpu.get_cpu_capability())
+
+
+@contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """torch's intra-op threads set to `n` inside the block, restored after."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)

@@ -29,8 +29,6 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -40,7 +38,7 @@ import torch
 from models import native, probes
 from models.choices import KernelChoice, LayerChoice
 from models.config import ModelConfig
-from models.cpu import cpu_caps
+from models.cpu import cpu_caps, torch_threads
 from models.default_model import cache_root
 from models.layers import LayerWeights
 from models.linear import onednn_available
@@ -63,21 +61,11 @@ class Tuned:
     from_cache: bool = False
 
 
-@contextmanager
-def _threads(n: int) -> Iterator[None]:
-    old = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
-
-
 def measure(layers: list[LayerWeights], cfg: ModelConfig, dtype: torch.dtype,
             threads: int = 1, repeats: int = 5) -> Tuned:
     """Time every candidate on this CPU (in the calling thread, on `threads` threads)."""
     t0 = time.perf_counter()
-    with _threads(threads), torch.inference_mode():
+    with torch_threads(threads), torch.inference_mode():
         gemm, gemm_ms = probes.measure_gemm(layers, dtype, repeats)
         limit, prefill_ms = probes.measure_prefill(cfg, dtype, repeats)
         decode, decode_ms = probes.measure_decode(cfg, dtype, repeats)

@@ -23,8 +23,9 @@ import torch
 
 from executors.interference import OP_CLASSES, op_class
 from models.batch import Batch
+from models.cpu import torch_threads
 from models.loader import Model
-from scheduler.oprunner import Case, Clock, ShapeRunner, torch_threads
+from scheduler.oprunner import Case, Clock, ShapeRunner
 
 # (new tokens per seq, past tokens per seq): a prefill, a decode batch, a lone decode
 COLOCATION_CASES: tuple[Case, ...] = (((128,), (0,)), ((1,) * 16, (256,) * 16),

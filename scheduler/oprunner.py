@@ -9,8 +9,7 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -135,16 +134,6 @@ def time_copies(model: Model, src: torch.device, dst: torch.device,
             if r:
                 ts.append(clock() - t0)
     return [(x.numel() * x.element_size(), ts) for x, ts in zip(xs, times, strict=True)]
-
-
-@contextmanager
-def torch_threads(n: int) -> Iterator[None]:
-    old = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
 
 
 def copy_bandwidth(num_bytes: int = 64 << 20, repeats: int = 5) -> float:

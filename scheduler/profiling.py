@@ -32,12 +32,13 @@ import torch
 from executors.interference import Interference
 from executors.types import Device
 from models.batch import BatchShape
+from models.cpu import torch_threads
 from models.default_model import cache_root
 from models.loader import Model
 from models.template import GraphTemplate, OpKind
 from scheduler.colocation import profile_colocation
 from scheduler.estimators import Estimators, device_kind
-from scheduler.oprunner import Case, Clock, ShapeRunner, copy_bandwidth, time_copies, torch_threads
+from scheduler.oprunner import Case, Clock, ShapeRunner, copy_bandwidth, time_copies
 
 logger = logging.getLogger(__name__)
 

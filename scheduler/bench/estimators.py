@@ -28,10 +28,11 @@ from typing import Any
 import torch
 
 from executors.types import Device
+from models.cpu import torch_threads
 from models.loader import Model, load
 from scheduler.bench.machine import capability_line, load_average, machine_line
 from scheduler.estimators import Estimators
-from scheduler.oprunner import CLOCKS, Case, Clock, ShapeRunner, time_copies, torch_threads
+from scheduler.oprunner import CLOCKS, Case, Clock, ShapeRunner, time_copies
 from scheduler.profiling import Sweep, profile
 
 GOAL_MAPE, GOAL_COV_FACTOR = 0.03, 1.5  # operators: MAPE <= max(3%, 1.5 x sample CoV)
