@@ -30,6 +30,9 @@ class SchedulerConfig:
     # "on-demand": admission reserves a request's tokens so far and decode grows it;
     # "full": the old rule, prompt + max_tokens reserved at admission (kept to compare)
     kv_admission: str = "on-demand"
+    # full KV blocks stay cached by a hash of their prefix and are shared between requests
+    # (vLLM's automatic prefix caching); False: every prompt is computed in full
+    prefix_caching: bool = True
     max_op_attempts: int = 2  # an op that fails is retried once, then its requests fail
     # NOTE: rounds that raise outside any request's decision are retried with a backoff;
     # after this many in a row, the requests not in flight end with a server error.

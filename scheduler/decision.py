@@ -15,11 +15,13 @@ from scheduler.requestview import Placement
 
 @dataclass(frozen=True, slots=True)
 class Admission:
-    """Reserve `kv_tokens` of KV for `rid` on every device of `placement`; it leaves waiting."""
+    """Reserve `kv_tokens` of KV for `rid` on every device of `placement`; it leaves waiting.
+    Its first `num_cached` tokens are cached blocks on its one device (prefix cache hit)."""
 
     rid: str
     placement: Placement
     kv_tokens: int
+    num_cached: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,6 +50,7 @@ class Draft:
         self._base: Prediction | None = None
         self.preempted: set[str] = set()  # requests preempted this round
         self._queued: dict[str, RequestView] = {}  # admitted this round: its waiting view
+        self._taken: dict[str, int] = {}  # admitted this round: free blocks it took per device
         self.decision = RoundDecision()
 
     # -- reading -----------------------------------------------------------------------------
@@ -128,22 +129,53 @@ class Draft:
             return req.prompt_len + req.max_tokens
         return req.kv_tokens
 
+    def cached_tokens(self, req: RequestView, placement: Placement) -> int:
+        """Tokens of a waiting request's prefix cached where `placement` runs it (a hit counts
+        only when one device runs the whole chain: it holds every layer's KV)."""
+        if req.placement is not None or req.swapped or len(set(placement)) != 1:
+            return 0
+        return next((n for d, n, _ in req.cached if d == placement[0]), 0)
+
+    def on(self, req: RequestView, placement: Placement) -> RequestView:
+        """A waiting request as admitted on `placement` would start: after its cached prefix."""
+        cached = self.cached_tokens(req, placement)
+        return dataclasses.replace(req, num_computed=cached) if cached else req
+
+    def admission_blocks(self, req: RequestView, placement: Placement) -> int:
+        """Free blocks admitting `req` on `placement` takes on each of its devices: those its
+        uncached tokens need, plus the cached blocks no request holds (they leave the
+        evictable ones)."""
+        need = self.blocks_needed(self.admission_tokens(req))
+        cached = self.cached_tokens(req, placement)
+        if not cached:
+            return need
+        revive = next(n for d, t, n in req.cached if d == placement[0])
+        return need - self.blocks_needed(cached) + revive
+
+    def can_admit(self, req: RequestView, placement: Placement) -> bool:
+        """Whether admitting `req` on `placement` fits above the devices' watermarks."""
+        need = self.admission_blocks(req, placement)
+        return all(need <= self.room(d) for d in set(placement))
+
     def admit(self, req: RequestView, placement: Placement) -> RequestView:
-        """Reserve its KV on `placement`'s devices; it becomes runnable. Returns its new view."""
+        """Reserve its KV on `placement`'s devices; it becomes runnable, after its cached
+        prefix if it has one there. Returns its new view."""
         tokens = self.admission_tokens(req)
-        if not self.can_reserve(placement, tokens):
+        if not self.can_admit(req, placement):
             raise ValueError(f"{req.rid}: KV for {tokens} tokens does not fit")
-        need = self.blocks_needed(tokens)
+        take, cached = self.admission_blocks(req, placement), self.cached_tokens(req, placement)
         for d in set(placement):
-            self._kv_free[d] -= need
+            self._kv_free[d] -= take
         if req.swapped:
             self._host_free += self._swap_bytes(req.num_computed)
         del self._waiting[req.priority][req.rid]
-        self._queued[req.rid] = req
-        admitted = dataclasses.replace(req, placement=placement, swapped=False,
+        self._queued[req.rid], self._taken[req.rid] = req, take
+        need = self.blocks_needed(tokens)
+        admitted = dataclasses.replace(req, placement=placement, swapped=False, cached=(),
+                                       num_computed=cached or req.num_computed,
                                        kv_blocks=tuple((d, need) for d in sorted(set(placement))))
         self._runnable[req.rid] = admitted
-        self.decision.admissions.append(Admission(req.rid, placement, tokens))
+        self.decision.admissions.append(Admission(req.rid, placement, tokens, cached))
         if req.ttft_deadline is not None and req.num_output == 0 and self._snap is not None:
             deadlines = (*self._snap.deadlines, (req.rid, req.ttft_deadline))
             self._snap = dataclasses.replace(self._snap, deadlines=deadlines)
@@ -171,8 +203,11 @@ class Draft:
         NOTE: this round's growth or migration of it is dropped; if it was admitted this
         round, the admission is undone instead (it waits as it did)."""
         r = self._runnable.pop(req.rid)
-        for d, blocks in r.kv_blocks:
-            self._kv_free[d] = self._kv_free.get(d, 0) + blocks
+        taken = self._taken.pop(r.rid, None)  # NOTE: admitted this round: it gives that back
+        for d, _ in r.kv_blocks:
+            freed = r.blocks_freed(d) if taken is None else taken + r.blocks_held(d) - \
+                self.blocks_needed(self.admission_tokens(self._queued[r.rid]))
+            self._kv_free[d] = self._kv_free.get(d, 0) + freed
         dec = self.decision
         dec.growths = [g for g in dec.growths if g.rid != r.rid]
         dec.migrations = [m for m in dec.migrations if m.rid != r.rid]

@@ -15,6 +15,7 @@ from executors.types import Device, OpInstance, OpState
 from models.batch import BatchShape
 from models.kv_cache import KVCache
 from models.loader import Model
+from models.prefix_cache import CachingAllocator
 from scheduler.config import SchedulerConfig
 from scheduler.kv import KVManager
 
@@ -68,6 +69,8 @@ def kv_pools(model: Model, devices: list[Device], ledgers: dict[str, MemoryLedge
                              f"{reserve / 2**30:.2f} GiB of activations; raise the budget")
         pools[d.name] = model.new_kv_cache(int(num_blocks), cfg.block_size,
                                            device=d.torch_device)
+        if cfg.prefix_caching:
+            pools[d.name].allocator = CachingAllocator(int(num_blocks), cfg.block_size)
         ledger.reserve("kv", pools[d.name].num_bytes)
     return pools
 

@@ -104,6 +104,7 @@ class TokenEvent:
     time: float  # time.monotonic() when the token was sampled
     finish_reason: FinishReason | None = None
     error: str | None = None  # set with FinishReason.ERROR
+    num_cached_tokens: int = 0  # prompt tokens its first prefill found in the prefix cache
 
 
 class SubmitError(Exception):
@@ -134,6 +135,9 @@ class Request:
     ttft_slo_s: float | None = None  # the tenant's TTFT SLO; None = best effort
     arrival_time: float = field(default_factory=time.monotonic)  # HTTP receipt, monotonic s
     deadline_s: float | None = None  # total wall-clock budget from arrival; None = none
+    # NOTE: keys its KV blocks in the prefix cache: requests hit each other's blocks only
+    # with equal salts ("" is shared; a tenant that does not share uses its name)
+    cache_salt: str = ""
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

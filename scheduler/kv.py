@@ -8,6 +8,13 @@ group holding it (`layer_devices`). A preempted request's KV may move to host
 memory within a byte budget (`swap_out`) and back into new blocks on resume
 (`swap_in`); a request placed over several devices may gather its KV onto one
 (`migrate`). Blocks are freed when a request finishes, aborts or is preempted.
+
+With prefix caching (pools whose allocator is a `models.prefix_cache.CachingAllocator`)
+a request's full blocks are registered under their keys once computed (`register`), and
+an admission may start from the cached blocks of its prompt's longest cached prefix on
+its device: `cached_prefix` (pure) sizes the hit, `pin` takes references to it, and
+`reserve` then allocates only the rest. Freeing drops references; a cached block whose
+last reference goes stays cached until its space is needed.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from models.kv_cache import KVCache, blocks_for
+from models.prefix_cache import BlockKey, CachingAllocator
 from models.template import GraphTemplate, OpKind
 
 LayerKV = dict[int, tuple[torch.Tensor, torch.Tensor]]  # layer -> (keys, values) of some blocks
@@ -56,6 +64,7 @@ class KVManager:
         self.reservations: dict[str, Reservation] = {}
         self.swapped: dict[str, Swapped] = {}
         self.host_swap_bytes = host_swap_bytes  # budget of host memory for swapped KV
+        self.pinned: dict[str, dict[str, list[int]]] = {}  # rid -> device -> cached blocks
 
     # -- blocks ------------------------------------------------------------------------------
     def blocks_needed(self, device: str, num_tokens: int) -> int:
@@ -73,13 +82,17 @@ class KVManager:
                    for d, p in self.pools.items())
 
     def reserve(self, request_id: str, devices: set[str], num_tokens: int) -> Reservation:
+        """Blocks for `num_tokens` tokens on every device: the ones `pin` took first, then new."""
         if request_id in self.reservations:
             raise ValueError(f"{request_id} already holds KV")
-        if not self.can_reserve(devices, num_tokens):
+        pinned = self.pinned.get(request_id, {})
+        need = {d: self.blocks_needed(d, num_tokens) - len(pinned.get(d, ())) for d in devices}
+        if not all(self.can_allocate(d, n) for d, n in need.items()):
             raise MemoryError(f"{request_id}: not enough free KV blocks")
+        self._unpin(request_id, keep=devices)
         r = Reservation()
         for d in sorted(devices):
-            r.tables[d] = self.pools[d].allocator.allocate(self.blocks_needed(d, num_tokens))
+            r.tables[d] = pinned.get(d, []) + self.pools[d].allocator.allocate(need[d])
         self.reservations[request_id] = r
         return r
 
@@ -103,11 +116,64 @@ class KVManager:
     def free(self, request_id: str) -> None:
         """Return the request's device blocks and drop any swapped copy."""
         self.swapped.pop(request_id, None)
+        self._unpin(request_id)
         r = self.reservations.pop(request_id, None)
         if r is None:
             return
         for d, table in r.tables.items():
             self.pools[d].allocator.free(table)
+
+    # -- prefix cache ------------------------------------------------------------------------
+    def caching(self, device: str) -> CachingAllocator | None:
+        """`device`'s allocator when it caches prefixes, else None."""
+        alloc = self.pools[device].allocator
+        return alloc if isinstance(alloc, CachingAllocator) else None
+
+    @property
+    def prefix_caching(self) -> bool:
+        return any(self.caching(d) is not None for d in self.pools)
+
+    def cached_prefix(self, device: str, keys: list[BlockKey]) -> tuple[int, int]:
+        """(blocks of `keys`' longest cached prefix on `device`, how many of those no request
+        holds: taking them costs free blocks). Pure."""
+        cache = self.caching(device)
+        if cache is None:
+            return 0, 0
+        hit = cache.lookup(keys)
+        return len(hit), cache.num_unreferenced(hit)
+
+    def pin(self, request_id: str, device: str, keys: list[BlockKey], num_blocks: int) -> None:
+        """Take references to the first `num_blocks` cached blocks of `keys` on `device`, for
+        the request's coming `reserve` (so that no allocation evicts them meanwhile)."""
+        cache = self.caching(device)
+        hit = cache.lookup(keys[:num_blocks]) if cache is not None else []
+        if len(hit) < num_blocks or request_id in self.reservations:
+            raise ValueError(f"{request_id}: {len(hit)} of {num_blocks} blocks cached on {device}")
+        self._unpin(request_id)
+        self.pinned[request_id] = {device: cache.acquire(hit)} if cache is not None else {}
+
+    def _unpin(self, request_id: str, keep: set[str] | frozenset[str] = frozenset()) -> None:
+        """Release pinned blocks (on devices not in `keep`; the rest go into a reservation)."""
+        for d, blocks in self.pinned.pop(request_id, {}).items():
+            if d not in keep:
+                self.pools[d].allocator.free(blocks)
+
+    def register(self, request_id: str, device: str, keys: list[BlockKey]) -> None:
+        """Cache the request's first `len(keys)` blocks on `device` (their KV is written)."""
+        cache = self.caching(device)
+        r = self.reservations.get(request_id)
+        if cache is not None and r is not None and device in r.tables:
+            cache.register(keys, r.tables[device])
+
+    def shared_blocks(self, request_id: str) -> tuple[tuple[str, int], ...]:
+        """(device, blocks another request holds too): preempting it does not free those."""
+        r = self.reservations.get(request_id)
+        out = []
+        for d, table in sorted(r.tables.items()) if r is not None else ():
+            cache = self.caching(d)
+            if cache is not None and (n := sum(cache.ref_count(b) > 1 for b in table)):
+                out.append((d, n))
+        return tuple(out)
 
     # -- host swap ---------------------------------------------------------------------------
     def swap_bytes(self, num_tokens: int) -> int:

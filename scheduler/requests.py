@@ -4,7 +4,9 @@
 (admit, preempt, migrate, grow) and ends requests; each commit checks the
 request is in the status the decision assumed and raises otherwise, so a
 stale decision fails loudly instead of corrupting state. Plans in flight are
-the scheduler's business (scheduler/scheduler.py).
+the scheduler's business (scheduler/scheduler.py). With prefix caching it also
+looks up waiting requests' cached prefixes for the policies, pins the hits an
+admission takes, and registers computed blocks (`cache`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ from scheduler.kv import KVManager, layer_devices
 from scheduler.requestview import RequestView
 from scheduler.state import RequestState, Status
 
+# NOTE: looking up a waiting request's cached prefix costs a dict lookup per block and
+# device every round; only the first ones of each class (those a round can admit) do it.
+LOOKUPS_PER_CLASS = 64
+
 
 class Requests:
     """Request records by id, waiting queues per class, and KV commits (see module doc)."""
@@ -30,6 +36,7 @@ class Requests:
         self.preemptions: dict[tuple[str, str], int] = {}  # (tenant, class) -> count
         self.swapped_out_bytes = 0  # KV copied to host memory by preemptions, cumulative
         self.dropped_tokens = 0  # tokens of KV dropped by preemptions (to recompute)
+        self.block_size = next(iter(kv.pools.values())).block_size
 
     def add(self, state: RequestState) -> None:
         self.waiting.push(state)
@@ -41,10 +48,45 @@ class Requests:
     def views(self) -> tuple[tuple[RequestView, ...], tuple[RequestView, ...],
                              dict[Priority, tuple[RequestView, ...]]]:
         """(runnable, running, waiting per class) requests as policies see them."""
-        runnable = tuple(s.view() for s in self.states.values() if s.status is Status.RUNNABLE)
-        running = tuple(s.view() for s in self.states.values() if s.status is Status.RUNNING)
-        waiting = {p: tuple(s.view() for s in self.waiting.queue(p)) for p in Priority}
+        caching = self.kv.prefix_caching
+        held = [s for s in self.states.values() if s.status.holds_kv]
+        views = {s.rid: s.view(shared=self.kv.shared_blocks(s.rid) if caching else ())
+                 for s in held}
+        runnable = tuple(views[s.rid] for s in held if s.status is Status.RUNNABLE)
+        running = tuple(views[s.rid] for s in held if s.status is Status.RUNNING)
+        waiting = {p: tuple(s.view(self._cached(s) if caching and i < LOOKUPS_PER_CLASS else ())
+                            for i, s in enumerate(self.waiting.queue(p))) for p in Priority}
         return runnable, running, waiting
+
+    def _cached(self, state: RequestState) -> tuple[tuple[str, int, int], ...]:
+        """(device, cached tokens, unreferenced blocks among them) where its prefix hits.
+
+        NOTE: at most all but its last token: the head needs that token's hidden state."""
+        if state.status is not Status.WAITING:
+            return ()
+        keys = state.block_keys(self.block_size, state.num_tokens - 1)
+        out = []
+        for d in sorted(self.kv.pools):
+            hit, unreferenced = self.kv.cached_prefix(d, keys)
+            if hit:
+                out.append((d, hit * self.block_size, unreferenced))
+        return tuple(out)
+
+    def pin(self, a: Admission) -> None:
+        """Take the cached blocks an admission counts on before any allocation can evict them."""
+        if a.num_cached:
+            state = self._expect(a.rid, Status.WAITING)
+            keys = state.block_keys(self.block_size, a.num_cached)
+            self.kv.pin(a.rid, a.placement[0], keys, a.num_cached // self.block_size)
+
+    def cache(self, state: RequestState) -> None:
+        """Register its computed full blocks in the prefix cache (one device holds them all)."""
+        full = state.num_computed // self.block_size
+        if full > state.num_registered and state.placement is not None \
+                and len(set(state.placement)) == 1:
+            keys = state.block_keys(self.block_size, state.num_computed)
+            self.kv.register(state.rid, state.placement[0], keys)
+            state.num_registered = full
 
     # -- commits -----------------------------------------------------------------------------
     def admit(self, a: Admission) -> RequestState:
@@ -55,9 +97,14 @@ class Requests:
             state.tables = self.kv.swap_in(a.rid, devices, a.kv_tokens, layers).tables
         else:
             state.tables = self.kv.reserve(a.rid, devices, a.kv_tokens).tables
+            state.num_computed = a.num_cached
+            if not state.output_ids and not state.num_preemptions:
+                state.num_cached_tokens = a.num_cached
         self.waiting.remove(a.rid)
         state.placement, state.status = a.placement, Status.RUNNABLE
+        state.num_registered = 0
         state.on_admitted()
+        state.on_computed()
         if state.req.ttft_deadline is not None and not state.output_ids:
             self.gmg.deadlines[a.rid] = state.req.ttft_deadline
         return state

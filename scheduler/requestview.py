@@ -25,6 +25,10 @@ class RequestView:
     placement: Placement | None  # None until admitted (fixed by its first prefill)
     kv_blocks: tuple[tuple[str, int], ...] = ()  # (device, blocks held) while admitted
     swapped: bool = False  # waiting with its first `num_computed` tokens of KV in host memory
+    # while waiting: (device, tokens of its prefix cached there, blocks of that hit no
+    # request holds) per device with a hit; admitted alone on it, it starts after those
+    cached: tuple[tuple[str, int, int], ...] = ()
+    kv_shared: tuple[tuple[str, int], ...] = ()  # (device, blocks others hold too) if admitted
 
     @property
     def ttft_deadline(self) -> float | None:
@@ -47,3 +51,7 @@ class RequestView:
 
     def blocks_held(self, device: str) -> int:
         return next((n for d, n in self.kv_blocks if d == device), 0)
+
+    def blocks_freed(self, device: str) -> int:
+        """Blocks that preempting it returns on `device` (those no other request shares)."""
+        return self.blocks_held(device) - next((n for d, n in self.kv_shared if d == device), 0)

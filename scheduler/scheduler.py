@@ -239,7 +239,12 @@ class Scheduler:
             self.tightest_slo_s or self.cfg.default_ttft_slo_s)
 
     def _apply(self, d: RoundDecision, now: float) -> None:
-        """Commit a decision: first what frees KV, then what takes it, then the plans."""
+        """Commit a decision: first what frees KV, then what takes it, then the plans.
+
+        NOTE: the cached blocks admissions count on are pinned first of all, so that no
+        allocation of this decision (a migration, another admission, a growth) evicts them."""
+        for a in d.admissions:
+            self._guard((a.rid,), partial(self.requests.pin, a))
         for p in d.preemptions:
             self._guard((p.rid,), partial(self.requests.preempt, p))
         for m in d.migrations:
@@ -405,6 +410,7 @@ class Scheduler:
             if (s := self.states.get(f.rid)) is not None:
                 s.num_computed = f.past + f.num_tokens
                 s.on_computed()
+                self.requests.cache(s)
         if final.template_index == len(self.model.template.ops) - 1:
             sampled = [f for f in chunk if f.samples]
             for f, token in zip(sampled, final.output.tolist(), strict=True):
@@ -425,7 +431,8 @@ class Scheduler:
         s.last_token_time = now
         reason = _finish_reason(s, token)
         s.add_decode_node()
-        s.emit(TokenEvent(token, len(s.output_ids) - 1, now, reason))
+        s.emit(TokenEvent(token, len(s.output_ids) - 1, now, reason,
+                          num_cached_tokens=s.num_cached_tokens))
         if reason is not None:
             s.ending, s.stream_closed = reason, True
 

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 
 from executors.types import Priority
+from models.prefix_cache import BlockKey, block_keys
 from scheduler.ieg import FinishReason, IEGNode, NodeKind, NodeState, Request, TokenEvent
 from scheduler.requestview import Placement, RequestView
 
@@ -54,6 +55,9 @@ class RequestState:
     first_token_time: float | None = None
     last_token_time: float | None = None
     num_preemptions: int = 0
+    num_cached_tokens: int = 0  # prompt tokens its first admission found in the prefix cache
+    num_registered: int = 0  # full blocks offered to the prefix cache since its admission
+    _keys: list[BlockKey] = field(default_factory=list, repr=False)  # of its full blocks
     _view: RequestView | None = field(default=None, repr=False)
     _view_key: tuple = field(default=(), repr=False)
 
@@ -87,18 +91,29 @@ class RequestState:
         """Ended, or ending with its plan in flight: no more work is planned for it."""
         return self.status is Status.DONE or self.ending is not None
 
-    def view(self) -> RequestView:
-        """This request as a policy sees it (cached until its progress, status or KV change)."""
+    def view(self, cached: tuple[tuple[str, int, int], ...] = (),
+             shared: tuple[tuple[str, int], ...] = ()) -> RequestView:
+        """This request as a policy sees it (cached until its progress, status or KV change);
+        `cached` and `shared` as in `RequestView`."""
         key = (self.num_computed, len(self.output_ids), self.placement, self.status,
-               tuple(len(t) for t in self.tables.values()))
+               tuple(len(t) for t in self.tables.values()), cached, shared)
         if self._view is None or key != self._view_key:
             blocks = tuple((d, len(t)) for d, t in sorted(self.tables.items()))
             self._view_key = key
             self._view = RequestView(
                 self.rid, self.req.tenant, self.priority, self.req.arrival_time,
                 self.req.ttft_slo_s, self.prompt_len, self.req.max_tokens, len(self.output_ids),
-                self.num_computed, self.placement, blocks, self.status is Status.SWAPPED)
+                self.num_computed, self.placement, blocks, self.status is Status.SWAPPED,
+                cached, shared)
         return self._view
+
+    def block_keys(self, block_size: int, num_tokens: int) -> list[BlockKey]:
+        """Prefix-cache keys of the full blocks among its first `num_tokens` tokens."""
+        full = min(num_tokens, self.num_tokens) // block_size
+        if len(self._keys) < full:
+            tokens = self.token_ids(0, full * block_size)
+            self._keys += block_keys(tokens, block_size, self.req.cache_salt, self._keys)
+        return self._keys[:full]
 
     def token_ids(self, start: int, count: int) -> list[int]:
         """Tokens [start, start + count) of prompt + output."""
@@ -153,7 +168,8 @@ class RequestState:
             return
         self.status = Status.DONE
         if emit:
-            self.emit(TokenEvent(None, len(self.output_ids), time.monotonic(), reason, error))
+            self.emit(TokenEvent(None, len(self.output_ids), time.monotonic(), reason, error,
+                                 self.num_cached_tokens))
         end = {FinishReason.ERROR: NodeState.FAILED, FinishReason.ABORT: NodeState.ABORTED}
         final = end.get(reason)
         for n in self.nodes:

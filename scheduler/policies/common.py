@@ -101,9 +101,9 @@ def preempt_for(draft: Draft, device: str, req: RequestView) -> int:
     victims = sorted((v for v in draft.runnable() if v.priority > req.priority
                       and v.placement is not None and device in v.placement),
                      key=lambda v: -v.arrival_s)
-    need = draft.blocks_needed(draft.admission_tokens(req)) + \
+    need = draft.admission_blocks(req, single(device, draft.view.num_ops)) + \
         draft.view.kv_watermark_blocks.get(device, 0)
-    held = sum(v.blocks_held(device) for v in victims)
+    held = sum(v.blocks_freed(device) for v in victims)
     if draft.free_blocks(device) + held < need:
         return 0
     count = 0

@@ -86,7 +86,7 @@ class GreedyPolicy:
             self._add(view, feeds[device], admitted)
 
     def _fits(self, draft: Draft, device: str, r: RequestView) -> bool:
-        if draft.can_reserve({device}, draft.admission_tokens(r)):
+        if draft.can_admit(r, single(device, draft.view.num_ops)):
             return True
         return self.preempts and preempt_for(draft, device, r) > 0
 

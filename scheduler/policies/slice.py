@@ -119,7 +119,7 @@ class SlicePolicy:
         deadline = r.ttft_deadline
         best: Scored | None = None
         for placement, chunks in self._candidates(draft, r):
-            if not draft.can_reserve(placement, draft.admission_tokens(r)):
+            if not draft.can_admit(r, placement):
                 continue
             plan = draft.view.builder.build(Plan(r.priority, placement, chunks))
             pred = draft.simulate(plan)
@@ -135,7 +135,11 @@ class SlicePolicy:
     def _candidates(self, draft: Draft, r: RequestView) -> list[tuple[Placement, list[list[Feed]]]]:
         view = draft.view
         budget, n = view.cfg.max_batch_tokens, view.num_ops
-        out = [(single(d, n), [[prefill_feed(r, budget)]]) for d in view.devices]
+        # NOTE: on a device holding a cached prefix the plan feeds only the rest of the prompt
+        # (after the cached context), so the simulation weighs the hit against that device's
+        # load: the longest cached prefix wins unless its device is busier by more.
+        out = [(single(d, n), [[prefill_feed(draft.on(r, single(d, n)), budget)]])
+               for d in view.devices]
         todo = min(budget, r.num_tokens - r.num_computed)
         if len(view.devices) < 2 or todo < MIN_PIPELINE_TOKENS:
             return out
@@ -210,13 +214,14 @@ class SlicePolicy:
                 break
             feeds.append(prefill_feed(r, budget - used))
             used += feeds[-1].num_tokens
+        placement = single(device, draft.view.num_ops)
         for r in draft.waiting(Priority.LOW):
-            need = draft.blocks_needed(draft.admission_tokens(r))
+            need = draft.admission_blocks(r, placement)
             if used >= budget or blocks + need > draft.room(device):
                 break
             blocks += need
             newcomers.add(r.rid)
-            feeds.append(prefill_feed(r, budget - used))
+            feeds.append(prefill_feed(draft.on(r, placement), budget - used))
             used += feeds[-1].num_tokens
         for trial in ([feeds, feeds[:1]] if len(feeds) > 1 else [feeds]):
             if not trial:

@@ -102,6 +102,8 @@ class ClusterRun:
         req = Request(rid, tenant, priority, ids,
                       SamplingParams(temperature=0, max_tokens=max_tokens), ttft_slo_s=slo_s,
                       arrival_time=self.cluster.now)
+        if self.kv_model is not None:
+            self.kv_model.prompts[rid] = ids
         out = self.outcomes[rid] = Outcome()
         self.classes[rid] = priority
         stream = self.sched.submit(req)
@@ -124,7 +126,12 @@ class ClusterRun:
     async def run_until(self, t: float) -> None:
         """Advance virtual time to `t`, letting the scheduler react to every event."""
         await self.settle()
-        while (nxt := self.cluster.next_time()) is not None and nxt <= t:
+        while True:
+            # NOTE: start what the last round issued first: on an idle cluster its ops are
+            # no event yet, and jumping to `t` would hide their completions until then
+            self.cluster.run_until(self.cluster.now)
+            if (nxt := self.cluster.next_time()) is None or nxt > t:
+                break
             self.cluster.step()
             await self.settle()
         self.cluster.run_until(t)

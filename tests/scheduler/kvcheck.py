@@ -6,7 +6,9 @@ sequence reads back the token that was fed there; the head samples a token
 that is a function of the whole sequence. So a block reused too early, a swap
 or a migration that loses KV, or a recompute that feeds other tokens makes an
 op fail (and the request end with an error) or the output differ from
-`expected_tokens`, which computes the same function without any scheduler.
+`expected_tokens`, which computes the same function without any scheduler. A
+feed that starts after a prefix cache hit is checked against the request's
+prompt (`prompts`): the cached blocks must hold exactly its tokens.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class KVCheckModel:
     def __init__(self, template: GraphTemplate, pools: dict[str, KVCache]) -> None:
         self.template, self.pools = template, pools
         self.fed: dict[str, list[int]] = {}  # request id -> every token fed, by position
+        self.prompts: dict[str, list[int]] = {}  # request id -> its prompt (set by the test)
         self.mismatches: list[str] = []
 
     def __call__(self, op: OpInstance) -> torch.Tensor | None:
@@ -61,6 +64,8 @@ class KVCheckModel:
     def _feed(self, seq: SeqSpec, pool: KVCache, layers: range) -> None:
         fed = self.fed.setdefault(seq.request_id, [])
         past = seq.num_past_tokens
+        if past > len(fed) and past <= len(self.prompts.get(seq.request_id, ())):
+            fed[:] = self.prompts[seq.request_id][:past]  # a prefix cache hit: checked below
         if past > len(fed):
             raise RuntimeError(f"{seq.request_id}: feeds at {past} with {len(fed)} fed")
         slots = _slots(seq.block_table, 0, past + len(seq.token_ids), pool.block_size)

@@ -40,6 +40,7 @@ class Arrival:
     prompt: int  # tokens
     max_tokens: int | None  # None: the rest of the context
     abort_after_s: float | None
+    prefix: int = 0  # index into SHARED: the start its prompt shares with others
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class Case:
 arrivals = st.builds(
     Arrival, st.sampled_from([0.0, 0.0005, 0.003, 0.02]), st.sampled_from(list(Priority)),
     st.integers(1, 60), st.one_of(st.none(), st.integers(1, 20)),
-    st.one_of(st.none(), st.none(), st.floats(0.0, 0.05)))
+    st.one_of(st.none(), st.none(), st.floats(0.0, 0.05)), st.integers(0, 3))
 cases = st.builds(Case, st.sampled_from(["fcfs", "priority", "static", "slice"]),
                   st.integers(6, 14), st.sampled_from([0, 0, 4, 64]),
                   st.one_of(st.none(), st.integers(0, 10**6)),
@@ -71,8 +72,14 @@ def _fault(seed: int | None):  # type: ignore[no-untyped-def]
     return fault
 
 
-def _prompt(i: int, n: int) -> list[int]:
-    return [(31 * i + 17 * j) % (VOCAB - 10) + 5 for j in range(n)]
+# prompt starts shared by several requests (prefix cache hits); 0: none
+SHARED = ([], [7 + j % 11 for j in range(20)], [9 + j % 13 for j in range(37)],
+          [5 + j % 3 for j in range(50)])
+
+
+def _prompt(i: int, n: int, prefix: int = 0) -> list[int]:
+    own = [(31 * i + 17 * j) % (VOCAB - 10) + 5 for j in range(n)]
+    return (SHARED[prefix] + own)[:n]
 
 
 async def _play(case: Case) -> ClusterRun:
@@ -88,7 +95,7 @@ async def _play(case: Case) -> ClusterRun:
             await run.run_until(t)
             max_tokens = a.max_tokens or MAX_MODEL_LEN - a.prompt
             run.submit(f"r{i}", a.priority, a.prompt, max_tokens, slo_s=0.5,
-                       prompt=_prompt(i, a.prompt))
+                       prompt=_prompt(i, a.prompt, a.prefix))
             if a.abort_after_s is not None:
                 aborts.append((t + a.abort_after_s, f"r{i}"))
         for at, rid in sorted(aborts):
@@ -107,7 +114,7 @@ def _check(case: Case, run: ClusterRun) -> None:
         out = run.outcomes[f"r{i}"]
         n = a.max_tokens or MAX_MODEL_LEN - a.prompt
         assert out.finish is not None
-        assert out.tokens == expected_tokens(_prompt(i, a.prompt), n)[:len(out.tokens)]
+        assert out.tokens == expected_tokens(_prompt(i, a.prompt, a.prefix), n)[:len(out.tokens)]
         if out.finish is FinishReason.LENGTH:
             assert len(out.tokens) == n
         elif out.finish is FinishReason.ERROR:
