@@ -43,6 +43,7 @@ class Outcome:
     finish: FinishReason | None = None
     error: str | None = None
     first_token_at: float | None = None
+    num_cached_tokens: int = 0  # as the request's events reported it
 
 
 class ClusterRun:
@@ -114,6 +115,7 @@ class ClusterRun:
                     out.tokens.append(ev.token_id)
                     if out.first_token_at is None:
                         out.first_token_at = self.cluster.now
+                out.num_cached_tokens = ev.num_cached_tokens
                 if ev.finish_reason is not None:
                     out.finish, out.error = ev.finish_reason, ev.error
         self._tasks.append(asyncio.create_task(consume()))
