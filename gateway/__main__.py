@@ -29,6 +29,7 @@ _OVERRIDES = {
     "devices": "scheduler.devices", "device_memory_gib": "scheduler.device_memory_gib",
     "policy": "scheduler.policy", "kv_cache_gib": "scheduler.kv_cache_gib",
     "swap_space_gib": "scheduler.swap_space_gib", "kv_admission": "scheduler.kv_admission",
+    "prefix_cache": "scheduler.prefix_cache",
     "tenants": "tenants_file", "host": "server.host",
     "port": "server.port", "drain_timeout": "server.drain_timeout_s",
     "request_timeout": "server.request_timeout_s", "log_level": "server.log_level",
@@ -59,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--kv-admission", choices=KV_ADMISSIONS,
                    help="on-demand (default): reserve the prompt, grow per block; full: "
                         "reserve prompt + max_tokens at admission (the old rule, to compare)")
+    s.add_argument("--prefix-cache", action=argparse.BooleanOptionalAction, default=None,
+                   help="share the cached KV blocks of equal prompt prefixes between requests "
+                        "(default on; --no-prefix-cache computes every prompt in full)")
     s.add_argument("--tenants", help="tenants file (YAML); without one, auth is off")
     s.add_argument("--host", help="bind address (default 127.0.0.1)")
     s.add_argument("--port", type=int, help="port (default 8000)")

@@ -78,7 +78,8 @@ def build_job(state: AppState, tenant: Tenant, priority: Priority, options: Gene
             request_id=f"{fmt.id}-{i}", tenant=tenant.name, priority=priority,
             prompt_token_ids=ids, sampling=_sampling(options, max_tokens[i], engine),
             ttft_slo_s=ttft_slo_s, arrival_time=arrival,
-            deadline_s=config.server.request_timeout_s), engine, options.stop)
+            deadline_s=config.server.request_timeout_s, cache_salt=tenant.cache_salt),
+            engine, options.stop)
         for i, ids in enumerate(prompts)]
     lease = state.quotas.acquire(tenant, _charged_tokens(options, prompts, max_tokens, chat))
     headers = {"x-slicegate-priority": priority.label, **state.quotas.headers(tenant)}

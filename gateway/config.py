@@ -87,6 +87,7 @@ class SchedulerSettings:
     kv_cache_gib: float | None = None  # KV pool per device; None = what the budget leaves
     swap_space_gib: float = 4.0  # host memory for preempted requests' KV (0: recompute)
     kv_admission: str = "on-demand"  # or "full": reserve prompt + max_tokens at admission
+    prefix_cache: bool = True  # share cached KV blocks of equal prompt prefixes
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "devices", parse_devices(self.devices))
@@ -100,6 +101,7 @@ class SchedulerSettings:
                      "a positive number")
         _require(self.kv_admission in KV_ADMISSIONS, "scheduler.kv_admission",
                  f"one of {', '.join(KV_ADMISSIONS)}")
+        _require(isinstance(self.prefix_cache, bool), "scheduler.prefix_cache", "true or false")
 
 
 @dataclass(frozen=True, slots=True)

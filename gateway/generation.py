@@ -49,6 +49,7 @@ class Generation:
         self.first_token_time: float | None = None  # monotonic s, from the scheduler's event
         self.last_token_time: float | None = None
         self.num_generated = 0
+        self.num_cached_tokens = 0  # prompt tokens the scheduler found in its prefix cache
         self.finish_reason: str | None = None
 
     @property
@@ -99,6 +100,7 @@ class Generation:
     def _on_event(self, event: TokenEvent) -> Delta | None:
         text = ""
         sampling = self.request.sampling
+        self.num_cached_tokens = event.num_cached_tokens
         if event.token_id is not None:
             self.num_generated += 1
             self.first_token_time = self.first_token_time or event.time

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from executors.types import Priority
 from gateway.errors import ApiError
@@ -47,9 +48,10 @@ class Job:
             self.metrics.rejected.labels(self.tenant.name, type(exc).__name__).inc()
             raise submit_error(exc, prompt_param) from None
 
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> dict[str, Any]:
         return usage(sum(g.num_prompt_tokens for g in self.generations),
-                     sum(g.num_generated for g in self.generations))
+                     sum(g.num_generated for g in self.generations),
+                     sum(g.num_cached_tokens for g in self.generations))
 
     def finish(self) -> None:
         """Release the quota lease and record the request's metrics. Idempotent."""
@@ -69,6 +71,7 @@ class Job:
         assert g.submit_time is not None
         m.queue.labels(*labels).observe(g.submit_time - self.arrival_time)
         m.prompt_tokens.labels(*labels).inc(g.num_prompt_tokens)
+        m.observe_prefix_cache(labels, g.num_prompt_tokens, g.num_cached_tokens)
         m.generation_tokens.labels(*labels).inc(g.num_generated)
         m.success.labels(*labels, g.finish_reason or "abort").inc()
         ttft = (None if g.first_token_time is None

@@ -143,6 +143,18 @@ class GatewayMetrics:
                                buckets=_LATENCY_BUCKETS, registry=r)
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prefilled prompt tokens.", _LABELS,
                                      registry=r)
+        # NOTE: vLLM's names; per request (not per scheduling attempt), so hits / queries
+        # is the share of prompt tokens served from the cache, per tenant and class
+        self.prefix_queries = Counter("vllm:prefix_cache_queries",
+                                      "Prompt tokens looked up in the prefix cache.", _LABELS,
+                                      registry=r)
+        self.prefix_hits = Counter("vllm:prefix_cache_hits",
+                                   "Prompt tokens found in the prefix cache.", _LABELS,
+                                   registry=r)
+        self._prefix_totals: dict[str, tuple[int, int]] = {}  # tenant -> (queries, hits)
+        self.prefix_hit_rate = Gauge("slicegate_prefix_cache_hit_rate",
+                                     "Prompt tokens found in the prefix cache over those looked "
+                                     "up, per tenant, since start.", ["tenant"], registry=r)
         self.generation_tokens = Counter("vllm:generation_tokens", "Generated tokens.", _LABELS,
                                          registry=r)
         self.success = Counter("vllm:request_success", "Finished requests by finish reason.",
@@ -155,6 +167,17 @@ class GatewayMetrics:
         self._stats = _StatsCollector(model_name)
         r.register(self._stats)
         self.recent = RecentRequests()  # per-request records for /admin/timeline
+
+    def observe_prefix_cache(self, labels: tuple[str, str, str], num_prompt_tokens: int,
+                             num_cached_tokens: int) -> None:
+        """One request's prompt tokens and those its prefill found cached."""
+        self.prefix_queries.labels(*labels).inc(num_prompt_tokens)
+        self.prefix_hits.labels(*labels).inc(num_cached_tokens)
+        tenant = labels[1]
+        queries, hits = self._prefix_totals.get(tenant, (0, 0))
+        queries, hits = queries + num_prompt_tokens, hits + num_cached_tokens
+        self._prefix_totals[tenant] = (queries, hits)
+        self.prefix_hit_rate.labels(tenant).set(hits / queries if queries else 0.0)
 
     def set_tenants(self, tenants: Iterable[Tenant]) -> None:
         for tenant in tenants:

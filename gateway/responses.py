@@ -26,9 +26,12 @@ def json_response(content: Any, status_code: int = 200,
     return OrjsonResponse(content, status_code=status_code, headers=headers)
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0
+          ) -> dict[str, Any]:
+    """OpenAI's usage object; `cached_tokens`: prompt tokens served from the prefix cache."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +48,7 @@ class ResponseFormat:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
     def response(self, texts: list[str], finishes: list[str | None],
-                 used: dict[str, int]) -> dict[str, Any]:
+                 used: dict[str, Any]) -> dict[str, Any]:
         """The non-streaming response, one choice per text."""
         if self.chat:
             choices = [{"index": i, "message": {"role": "assistant", "content": text},
@@ -72,7 +75,7 @@ class ResponseFormat:
                       "finish_reason": delta.finish_reason}
         return self._chunk(choice)
 
-    def usage_chunk(self, used: dict[str, int]) -> dict[str, Any]:
+    def usage_chunk(self, used: dict[str, Any]) -> dict[str, Any]:
         """The last chunk when include_usage is set: no choices, the request's usage."""
         obj = "chat.completion.chunk" if self.chat else "text_completion"
         return {**self._base(obj), "choices": [], "usage": used}

@@ -11,6 +11,8 @@ The tenants file (YAML)::
         max_concurrency: 64     # omitted limits mean unlimited
         requests_per_minute: 600
         tokens_per_minute: 200000
+        share_prefix_cache: false  # default true; false: no other tenant hits its cached
+                                   # prompt blocks (nor it theirs), so none can time-probe them
 
 Without a tenants file auth is off and every request belongs to one default
 tenant (class `high`, so that a request can still choose any class by lowering).
@@ -30,7 +32,7 @@ from gateway.yamlmarks import LineDict, LineList, line_of, load_with_lines
 
 SERVICE_TIERS = ("auto", "default", "flex", "priority")
 _TENANT_FIELDS = ("name", "api_keys", "priority", "ttft_slo_ms", "max_concurrency",
-                  "requests_per_minute", "tokens_per_minute")
+                  "requests_per_minute", "tokens_per_minute", "share_prefix_cache")
 _LIMIT_FIELDS = ("max_concurrency", "requests_per_minute", "tokens_per_minute")
 
 
@@ -45,6 +47,12 @@ class Tenant:
     max_concurrency: int | None = None
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None
+    share_prefix_cache: bool = True  # False: its KV blocks are keyed with its name too
+
+    @property
+    def cache_salt(self) -> str:
+        """What keys its requests' blocks in the prefix cache ("" is shared by all)."""
+        return "" if self.share_prefix_cache else f"tenant:{self.name}"
 
     @property
     def ttft_slo_s(self) -> float | None:
@@ -236,7 +244,12 @@ class _Reader:
         limits = {k: self.positive(item, k, f"{path}.{k}", integer=True) for k in _LIMIT_FIELDS}
         slo = self.positive(item, "ttft_slo_ms", f"{path}.ttft_slo_ms", integer=False)
         keys = self.keys(item, "api_keys", f"{path}.api_keys", required=True)
-        return Tenant(str(name).strip(), keys, priority, slo, **limits)
+        share = item.get("share_prefix_cache", True)
+        if not isinstance(share, bool):
+            self.fail(item, "share_prefix_cache", f"{path}.share_prefix_cache",
+                      f"must be true or false, got {share!r}")
+        return Tenant(str(name).strip(), keys, priority, slo, **limits,
+                      share_prefix_cache=share)
 
     def positive(self, item: dict[str, Any], key: str, path: str, integer: bool) -> Any:
         value: Any = item.get(key)

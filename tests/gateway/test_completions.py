@@ -30,7 +30,8 @@ async def test_completion_shape_and_usage(gateway: Harness) -> None:
     assert choice["index"] == 0 and choice["finish_reason"] == "length" and choice["text"]
     prompt_tokens = len(gateway.engine.tokenizer.encode("Hello world"))
     assert body["usage"] == {"prompt_tokens": prompt_tokens, "completion_tokens": 5,
-                             "total_tokens": prompt_tokens + 5}
+                             "total_tokens": prompt_tokens + 5,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
     assert gateway.fake.kv_blocks_in_use == 0
 
 
@@ -117,7 +118,8 @@ async def test_chat_completion(gateway: Harness) -> None:
         tokenize=False, add_generation_prompt=True)
     expected_prompt = len(gateway.engine.tokenizer.encode(rendered, add_special_tokens=False))
     assert body["usage"] == {"prompt_tokens": expected_prompt, "completion_tokens": 6,
-                             "total_tokens": expected_prompt + 6}
+                             "total_tokens": expected_prompt + 6,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
 
 
 async def test_chat_without_max_tokens_fills_the_context(gateway: Harness) -> None:
