@@ -26,6 +26,7 @@ tenants:
   - name: nightly
     api_keys: [sk-nightly-1]
     priority: low
+    share_prefix_cache: false
 """
 
 
@@ -73,6 +74,39 @@ async def test_openai_clients_sync_async_streaming(server: Server) -> None:
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens <= 4
     client.close()
     await aclient.close()
+
+
+async def test_cached_tokens_through_the_openai_client(server: Server) -> None:
+    ide = openai.OpenAI(base_url=f"{server.url}/v1", api_key="sk-ide-1", max_retries=0)
+    nightly = openai.OpenAI(base_url=f"{server.url}/v1", api_key="sk-nightly-1", max_retries=0)
+    prompt = "the same long system prompt, " * 12
+
+    def cached(client: openai.OpenAI, stream: bool = False) -> int:
+        if stream:
+            chunks = list(client.completions.create(
+                model="tiny-random", prompt=prompt, max_tokens=3, stream=True,
+                stream_options={"include_usage": True}))
+            used = chunks[-1].usage
+        else:
+            used = client.completions.create(model="tiny-random", prompt=prompt,
+                                             max_tokens=3).usage
+        assert used is not None and used.prompt_tokens_details is not None
+        assert used.prompt_tokens_details.cached_tokens is not None
+        return used.prompt_tokens_details.cached_tokens
+
+    assert cached(ide) == 0  # 0, not absent, when nothing was reused
+    hit = cached(ide)
+    assert hit > 0 and hit % 16 == 0
+    assert cached(ide, stream=True) == hit
+    assert cached(nightly) == 0  # its blocks are its own, and it sees none of ide's
+    assert cached(nightly, stream=True) == hit
+    assert cached(ide) == hit
+    metrics = httpx.get(f"{server.url}/metrics", timeout=5).text
+    assert 'vllm:prefix_cache_hits_total{model_name="tiny-random",priority="high",' \
+           f'tenant="ide"}} {3.0 * hit}' in metrics
+    assert 'slicegate_prefix_cache_hit_rate{tenant="ide"}' in metrics
+    ide.close()
+    nightly.close()
 
 
 async def test_two_hundred_aborted_streams_leave_no_kv(server: Server) -> None:
