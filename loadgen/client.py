@@ -39,6 +39,7 @@ class RequestRecord:
     token_s: list[float] = field(default_factory=list)  # arrival of each streamed token chunk
     end_s: float | None = None  # the stream ended (or failed)
     prompt_tokens: int | None = None  # usage.prompt_tokens
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, if sent
     output_tokens: int = 0  # usage.completion_tokens, else the token chunks seen
     finish_reason: str | None = None
     status: int = 0  # HTTP status; 0 when no response came back
@@ -183,6 +184,9 @@ def _on_chunk(chunk: dict[str, Any], record: RequestRecord, t: float) -> None:
     if isinstance(usage, dict):
         record.prompt_tokens = usage.get("prompt_tokens")
         record.output_tokens = int(usage.get("completion_tokens") or 0)
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+            record.cached_tokens = details["cached_tokens"]
 
 
 def _error_text(body: bytes) -> str:

@@ -24,6 +24,13 @@ import httpx
 
 from loadgen import progress
 from loadgen.client import CompletionCall, RequestRecord, now_s, stream_completion
+from loadgen.prefixes import (
+    block_tokens,
+    counter_delta,
+    prefix_counters,
+    prompt_from_blocks,
+    theoretical_hit_rate,
+)
 from loadgen.probe import TimelinePoller, first_model, tenant_slos
 from loadgen.timeline import OpSpan, merge
 from loadgen.traces import TraceRequest
@@ -82,6 +89,10 @@ class ReplayResult:
     server_slos: dict[str, float] = field(default_factory=dict)  # tenant -> TTFT SLO s
     stopped_early: bool = False  # duration ended or interrupted before every tenant was done
     interrupted: bool = False  # Ctrl-C / SIGTERM
+    # tenant -> the trace's theoretical prefix cache hit rate (traces with hash_ids only)
+    theoretical_hit_rate: dict[str, float] = field(default_factory=dict)
+    # tenant (or "*") -> (queries, hits) tokens the server's /metrics gained over the replay
+    prefix_counters: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 async def replay(config: ReplayConfig, prompt: PromptFn) -> ReplayResult:
@@ -89,12 +100,24 @@ async def replay(config: ReplayConfig, prompt: PromptFn) -> ReplayResult:
     timeout = httpx.Timeout(config.request_timeout_s, connect=10.0)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
     async with httpx.AsyncClient(base_url=config.url, timeout=timeout, limits=limits) as client:
-        plans = {t.name: _plan(t, prompt, config.duration_s) for t in config.tenants
+        blocks: dict[tuple[int, int], str] = {}
+        plans = {t.name: _plan(t, prompt, config.duration_s, blocks) for t in config.tenants
                  if not t.is_closed_loop}
         model = config.model or await first_model(client, config.tenants[0].api_key)
         await _warm_up(client, config, model, prompt, plans)
+        before = await prefix_counters(client)
         run = _Run(config, client, model, prompt)
-        return await run.execute(plans)
+        result = await run.execute(plans)
+        result.prefix_counters = counter_delta(before, await prefix_counters(client))
+        for t in config.tenants:
+            size = block_tokens(t.source)
+            sent = [r for r, _ in plans.get(t.name, ())][:sum(1 for rec in result.records
+                                                              if rec.tenant == t.name)]
+            if size is not None and any(r.hash_ids for r in sent):
+                rate = theoretical_hit_rate(sent, size)
+                if rate is not None:
+                    result.theoretical_hit_rate[t.name] = rate
+        return result
 
 
 async def _warm_up(client: httpx.AsyncClient, config: ReplayConfig, model: str, prompt: PromptFn,
@@ -121,10 +144,15 @@ async def _warm_up(client: httpx.AsyncClient, config: ReplayConfig, model: str, 
                                    f"HTTP {record.status}: {record.error}")
 
 
-def _plan(tenant: TenantSpec, prompt: PromptFn,
-          duration_s: float | None) -> list[tuple[TraceRequest, str]]:
+def _plan(tenant: TenantSpec, prompt: PromptFn, duration_s: float | None,
+          blocks: dict[tuple[int, int], str]) -> list[tuple[TraceRequest, str]]:
+    """The tenant's requests and their prompts: from `hash_ids` where the trace has them
+    (equal ids, equal blocks: `blocks` holds each id's text), else unique texts."""
     planned = plan_arrivals(tenant.source, duration_s)
-    return [(r, prompt(r.prompt_tokens, f"{tenant.name}-{i}")) for i, r in enumerate(planned)]
+    size = block_tokens(tenant.source)
+    return [(r, prompt_from_blocks(prompt, r.prompt_tokens, r.hash_ids, size, blocks)
+             if size is not None and r.hash_ids else prompt(r.prompt_tokens, f"{tenant.name}-{i}"))
+            for i, r in enumerate(planned)]
 
 
 class _Run:

@@ -93,10 +93,27 @@ def tenant_summary(tenant: TenantSpec, records: Sequence[RequestRecord], window_
         "slo_attainment": attainment,
         "num_slo_judged": judged,
         "prompt_tokens_mean": sum(prompts) / len(prompts) if prompts else None,
+        "reported_hit_rate": _reported_hit_rate(ok),
         "output_tokens": output_tokens,
         "output_tok_s": output_tokens / window_s if window_s > 0 else 0.0,
         "req_s": _completed_within(ok, window_s) / window_s if window_s > 0 else 0.0,
     }
+
+
+def _reported_hit_rate(records: Sequence[RequestRecord]) -> float | None:
+    """Cached over prompt tokens as the server reported them (None where it reports none)."""
+    both = [(r.cached_tokens, r.prompt_tokens) for r in records
+            if r.cached_tokens is not None and r.prompt_tokens]
+    total = sum(p for _, p in both)
+    return sum(c for c, _ in both) / total if total else None
+
+
+def prefix_summary(result: ReplayResult) -> dict[str, Any]:
+    """Per tenant: the trace's theoretical hit rate and the server's /metrics one."""
+    counters = result.prefix_counters
+    metrics = {t: h / q for t, (q, h) in counters.items() if q > 0}
+    return {"theoretical_hit_rate": dict(result.theoretical_hit_rate),
+            "metrics_hit_rate": metrics}
 
 
 def _completed_within(records: Sequence[RequestRecord], window_s: float) -> int:
@@ -149,6 +166,7 @@ def build_report(result: ReplayResult, slo_s: float | None = None) -> dict[str, 
             "req_s": sum(t["req_s"] for t in tenants.values()),
         },
         "devices": devices_summary(result),
+        "prefix_cache": prefix_summary(result),
     }
 
 
@@ -205,7 +223,21 @@ def format_markdown(report: dict[str, Any]) -> str:
     for name, t in report["tenants"].items():
         lines.append(f"- {name}: {t['source']}"
                      + (f"; errors {t['errors_by_status']}" if t["errors_by_status"] else ""))
+    lines += prefix_lines(report)
     return "\n".join([*lines, "", *device_table(report["devices"]), ""])
+
+
+def prefix_lines(report: dict[str, Any]) -> list[str]:
+    """Per tenant with a prefix cache figure: theoretical, reported and /metrics hit rates."""
+    prefix = report.get("prefix_cache", {})
+    theory, metrics = prefix.get("theoretical_hit_rate", {}), prefix.get("metrics_hit_rate", {})
+    out = []
+    for name, t in report["tenants"].items():
+        if name in theory or t.get("reported_hit_rate"):
+            out.append(f"- {name} prefix cache hit rate: trace {_pct(theory.get(name))}, "
+                       f"reported cached_tokens {_pct(t.get('reported_hit_rate'))}, "
+                       f"/metrics {_pct(metrics.get(name, metrics.get('*')))}")
+    return out
 
 
 def write_report(result: ReplayResult, out: Path, slo_s: float | None = None) -> dict[str, Any]:
