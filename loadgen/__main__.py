@@ -56,6 +56,7 @@ def _bench(args: argparse.Namespace) -> int:
         batch=args.batch, tail_s=args.tail, slo_ms=args.slo_ms,
         alone_policy=args.alone_policy, slo_factor=args.slo_factor, recipe=args.recipe,
         serve_args=tuple(args.serve_arg), ready_timeout_s=args.ready_timeout,
+        no_cache_policies=_no_cache(args.no_cache_runs),
         peer_ready_timeout_s=args.peer_ready_timeout, drain_timeout_s=args.drain_timeout,
         request_timeout_s=args.request_timeout, warmup_requests=args.warmup,
         **{k: v for k, v in optional.items() if v is not None})
@@ -144,6 +145,12 @@ def _replay_parser(r: argparse.ArgumentParser) -> None:
     r.set_defaults(fn=_replay)
 
 
+def _no_cache(text: str | None) -> tuple[str, ...] | None:
+    if text is None:
+        return None
+    return () if text.strip() == "none" else tuple(p for p in text.split(",") if p)
+
+
 def _bench_parser(b: argparse.ArgumentParser) -> None:
     from loadgen.bench import TRACE_SHAPE
 
@@ -156,10 +163,15 @@ def _bench_parser(b: argparse.ArgumentParser) -> None:
     b.add_argument("--interactive", default=None,
                    help="interactive tenant SOURCE (default: the Azure code trace from "
                         "$SLICEGATE_TRACES, see docs/traces.md, with " + TRACE_SHAPE + ")")
-    b.add_argument("--recipe", choices=("default", "strict"), default="default",
+    b.add_argument("--recipe", choices=("default", "strict", "mooncake"), default="default",
                    help="the interactive trace's shape when --interactive is not given: "
                         "default (first 300 requests, bursty) or strict (a steadier window "
-                        "at 0.5x, tight SLO), as in `python -m scheduler bench policies`")
+                        "at 0.5x, tight SLO), as in `python -m scheduler bench policies`; "
+                        "mooncake: a window of the Mooncake conversation trace, its prompts "
+                        "sharing blocks as its hash_ids say (adds a slice-no-cache run)")
+    b.add_argument("--no-cache-runs", default=None,
+                   help="policies run once more with --no-prefix-cache, or none (default: "
+                        "slice under --recipe mooncake, else none)")
     b.add_argument("--batch", default="concurrency=16,prompt=512,gen=64",
                    help="batch tenant SOURCE, or none: the interactive tenant alone in "
                         "every run (default: %(default)s)")

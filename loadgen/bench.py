@@ -37,7 +37,7 @@ from loadgen.benchtable import (
 )
 from loadgen.plots import write_plots
 from loadgen.prompts import PromptBuilder, resolve_model_folder
-from loadgen.public_traces import AZURE_CODE, require_trace
+from loadgen.public_traces import AZURE_CODE, MOONCAKE_CONVERSATION, require_trace
 from loadgen.replay import PromptFn, ReplayConfig, replay
 from loadgen.report import slo_attainment, write_report
 from loadgen.servers import (
@@ -60,7 +60,13 @@ TRACE_SHAPE = ("max_requests=300,rate_scale=0.8,prompt_scale=0.0625,max_prompt_t
                "max_output_tokens=32")
 RECIPES = {"default": TRACE_SHAPE,
            "strict": ("window_s=273.4-100000,max_requests=200,rate_scale=0.5,"
-                      "prompt_scale=0.0625,max_prompt_tokens=1024,max_output_tokens=32")}
+                      "prompt_scale=0.0625,max_prompt_tokens=1024,max_output_tokens=32"),
+           # NOTE: the Mooncake conversation trace (hash_ids: shared prompt blocks), prompts
+           # at 1/16 (its 512-token blocks become 32 tokens, two KV blocks of 16)
+           "mooncake": ("window_s=600-100000,max_requests=90,rate_scale=0.5,"
+                        "prompt_scale=0.0625,max_prompt_tokens=1024,max_output_tokens=32")}
+RECIPE_TRACES = {"mooncake": MOONCAKE_CONVERSATION}  # else the Azure code trace
+NO_CACHE = "-no-cache"  # suffix of a run served with --no-prefix-cache
 INTERACTIVE, BATCH = "interactive", "batch"
 KEYS = {INTERACTIVE: "sk-bench-interactive", BATCH: "sk-bench-batch"}
 ADMIN_KEY = "sk-bench-admin"
@@ -68,7 +74,7 @@ ADMIN_KEY = "sk-bench-admin"
 
 def default_interactive(recipe: str = "default") -> str:
     """The Azure code trace shaped by a recipe; MissingTrace (with what to do) without a copy."""
-    trace = require_trace(AZURE_CODE, "python -m loadgen bench",
+    trace = require_trace(RECIPE_TRACES.get(recipe, AZURE_CODE), "python -m loadgen bench",
                           instead=f"give the interactive tenant yourself, e.g. --interactive "
                                   f"synthetic-coding,{TRACE_SHAPE} (the shipped synthetic trace)")
     return f"{trace},{RECIPES[recipe]}"
@@ -100,6 +106,8 @@ class BenchConfig:
     drain_timeout_s: float = 60.0
     request_timeout_s: float = 300.0
     warmup_requests: int = 2  # per tenant and run, before the clock starts
+    # policies run once more with --no-prefix-cache; None: slice under the mooncake recipe
+    no_cache_policies: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if not self.policies and not self.peers:
@@ -117,6 +125,13 @@ class BenchConfig:
     @property
     def alone_run(self) -> str:
         return f"{self.alone_policy}-alone"
+
+    @property
+    def no_cache_runs(self) -> tuple[str, ...]:
+        """Policies run again without the prefix cache."""
+        if self.no_cache_policies is not None:
+            return self.no_cache_policies
+        return ("slice",) if self.recipe == "mooncake" and "slice" in self.policies else ()
 
 
 @dataclass(slots=True)
@@ -160,6 +175,9 @@ def run_bench(config: BenchConfig, command: str = "") -> dict[str, Any]:
         slo_s, slo_source, alone_p90 = _measure_slo(bench)
         for policy in config.policies:
             _slicegate_run(bench, policy, bench.tenants(), slo_s)
+        for policy in config.no_cache_runs:
+            _slicegate_run(bench, policy, bench.tenants(), slo_s, name=policy + NO_CACHE,
+                           extra=("--no-prefix-cache",))
         for peer in config.peers:
             _peer_run(bench, peer, slo_s)
     except KeyboardInterrupt:
@@ -224,7 +242,8 @@ def write_tenants_file(path: Path, slo_s: float | None) -> Path:
 
 
 def _slicegate_run(bench: _Bench, policy: str, tenants: tuple[TenantSpec, ...],
-                   slo_s: float | None, name: str | None = None) -> RunOutcome:
+                   slo_s: float | None, name: str | None = None,
+                   extra: tuple[str, ...] = ()) -> RunOutcome:
     config, name = bench.config, name or policy
     run_dir = config.out / "runs" / name
     port = free_port()
@@ -232,7 +251,7 @@ def _slicegate_run(bench: _Bench, policy: str, tenants: tuple[TenantSpec, ...],
         config.serve_cmd, model=config.model, policy=policy,
         tenants=write_tenants_file(run_dir / "tenants.yaml", slo_s), port=port,
         devices=config.devices, dtype=config.dtype, max_model_len=config.max_model_len,
-        extra=config.serve_args)
+        extra=(*config.serve_args, *extra))
     spec = ServerSpec(name, command, port, "/health", None, config.ready_timeout_s)
     return _run(bench, spec, tenants, slo_s, ADMIN_KEY, note="")
 
@@ -307,7 +326,8 @@ def _write(bench: _Bench, slo_s: float | None, slo_source: str, alone_p90: float
         "runs": {name: o.to_json() for name, o in bench.outcomes.items()},
     }
     (config.out / "bench.json").write_text(json.dumps(doc, indent=2) + "\n")
-    markdown = format_bench_markdown(doc, bench.outcomes, config.policies, config.peers)
+    runs = [*config.policies, *(p + NO_CACHE for p in config.no_cache_runs)]
+    markdown = format_bench_markdown(doc, bench.outcomes, runs, config.peers)
     (config.out / "bench.md").write_text(markdown)
     write_bench_plots(bench.outcomes, config.out, slo_s, INTERACTIVE)
     return doc

@@ -56,7 +56,18 @@ def summarize_run(report: Mapping[str, Any], hp: str, lp: str) -> dict[str, Any]
         "total_tok_s": report["total"]["output_tok_s"],
         "errors": report["total"]["num_errors"],
         "busy_fraction": devices.get("busy_fraction_mean") if devices["available"] else None,
+        **_hit_rates(report, hp),
     }
+
+
+def _hit_rates(report: Mapping[str, Any], hp: str) -> dict[str, float | None]:
+    """The interactive tenant's prefix cache hit rates: the trace's, reported, /metrics."""
+    prefix = report.get("prefix_cache", {})
+    metrics = prefix.get("metrics_hit_rate", {})
+    high = report["tenants"].get(hp) or {}
+    return {"hp_hit_rate_trace": prefix.get("theoretical_hit_rate", {}).get(hp),
+            "hp_hit_rate_reported": high.get("reported_hit_rate"),
+            "hp_hit_rate_metrics": metrics.get(hp, metrics.get("*"))}
 
 
 def _ratio(value: float | None, base: float | None) -> str:
@@ -195,12 +206,52 @@ def format_bench_markdown(doc: Mapping[str, Any], outcomes: Mapping[str, RunOutc
         "## Interactive latency", "",
         *latency_table(outcomes, list(dict.fromkeys([*alone, *requested]))), "",
         "## Goals", "", *goal_lines(outcomes, doc.get("alone_run"), alone_p90), "",
+        *prefix_section(outcomes, list(dict.fromkeys([*alone, *requested, "vllm"]))),
         "## Runs", "",
     ]
     for name, outcome in outcomes.items():
         where = outcome.report_path or "no report"
         lines.append(f"- {name}: {where}" + ("" if outcome.ok else f" (failed: {outcome.reason})"))
     return "\n".join(lines) + "\n"
+
+
+def prefix_section(outcomes: Mapping[str, RunOutcome], names: Sequence[str]) -> list[str]:
+    """Interactive prefix cache hit rates per run and the prefix cache goals (only where the
+    interactive trace has hash_ids)."""
+    ran = {n: outcomes[n].summary for n in names if n in outcomes and outcomes[n].ok}
+    if not any(s.get("hp_hit_rate_trace") is not None for s in ran.values()):
+        return []
+    lines = ["## Prefix cache", "", "| run | trace's theoretical hit rate | reported "
+             "cached_tokens | /metrics | TTFT p50 ms |", "|---|---:|---:|---:|---:|"]
+    for name, s in ran.items():
+        lines.append(f"| {name} | {_fmt(s.get('hp_hit_rate_trace'), '.1%')} "
+                     f"| {_fmt(s.get('hp_hit_rate_reported'), '.1%')} "
+                     f"| {_fmt(s.get('hp_hit_rate_metrics'), '.1%')} "
+                     f"| {_fmt(s.get('hp_ttft_p50_s'), '.0f', 1000)} |")
+    return [*lines, "", *_prefix_goals(ran), ""]
+
+
+def _prefix_goals(ran: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    sl, off, vllm = ran.get("slice"), ran.get("slice-no-cache"), ran.get("vllm")
+    if sl is None:
+        return ["- slice did not run: no prefix cache goal can be checked."]
+    theory, got = sl.get("hp_hit_rate_trace"), sl.get("hp_hit_rate_reported")
+    p50 = sl.get("hp_ttft_p50_s")
+    p50_off = off.get("hp_ttft_p50_s") if off else None
+    p99, p99_v = sl.get("hp_ttft_p99_s"), vllm.get("hp_ttft_p99_s") if vllm else None
+    ahead = None if p99 is None or p99_v is None else (
+        p99 < p99_v and sl["total_tok_s"] >= vllm["total_tok_s"])  # type: ignore[index]
+    checks: list[tuple[str, bool | None]] = [
+        (f"hit rate {_fmt(got, '.1%')} >= 95% of the trace's {_fmt(theory, '.1%')}",
+         None if got is None or not theory else got >= 0.95 * theory),
+        (f"TTFT p50 without the cache over with it {_ratio(p50_off, p50)} >= 2x",
+         None if p50 is None or p50_off is None else p50_off >= 2 * p50),
+        ("TTFT p99 below vLLM's at >= its total tok/s "
+         f"({_fmt(p99, '.0f', 1000)} vs {_fmt(p99_v, '.0f', 1000)} ms; total "
+         f"{_ratio(sl['total_tok_s'], vllm['total_tok_s'] if vllm else None)})", ahead),
+    ]
+    marks = {True: "met", False: "MISSED", None: "not checked (a run it needs is missing)"}
+    return [f"- slice: {text}: {marks[ok]}" for text, ok in checks]
 
 
 def write_bench_plots(outcomes: Mapping[str, RunOutcome], out: Path, slo_s: float | None,
