@@ -57,6 +57,7 @@ class CachingAllocator(BlockAllocator):
         # NOTE: unreferenced cached blocks, least recently released first
         self._evictable: OrderedDict[int, None] = OrderedDict()
         self.num_evictions = 0
+        self.num_shared = 0  # blocks more than one table holds
 
     # -- counts ------------------------------------------------------------------------------
     @property
@@ -106,7 +107,8 @@ class CachingAllocator(BlockAllocator):
                 raise ValueError(f"block {b} is not cached")
         for b in blocks:
             self._evictable.pop(b, None)
-            self._refs[b] = self._refs.get(b, 0) + 1
+            n = self._refs[b] = self._refs.get(b, 0) + 1
+            self.num_shared += n == 2
         return list(blocks)
 
     def register(self, keys: Sequence[BlockKey], table: Sequence[int]) -> int:
@@ -151,6 +153,7 @@ class CachingAllocator(BlockAllocator):
             n = self._refs[b] - 1
             if n:
                 self._refs[b] = n
+                self.num_shared -= n == 1
                 continue
             del self._refs[b]
             if b in self._key_of:

@@ -130,6 +130,8 @@ class GMG:
                 "reserved_bytes": self.ledgers[name].snapshot(),
                 "kv_blocks_total": pool.allocator.num_blocks if pool else 0,
                 "kv_blocks_used": pool.allocator.num_used if pool else 0,
+                # blocks holding a cached prefix (referenced or evictable), 0 without the cache
+                "kv_blocks_cached": getattr(pool.allocator, "num_cached", 0) if pool else 0,
                 "queue": [op.op_id for op in self.scheduled.values() if op.device == name],
             })
         ops = [{"op_id": op.op_id, "name": op.name, "role": op.role.value, "device": op.device,

@@ -171,7 +171,8 @@ class KVManager:
         out = []
         for d, table in sorted(r.tables.items()) if r is not None else ():
             cache = self.caching(d)
-            if cache is not None and (n := sum(cache.ref_count(b) > 1 for b in table)):
+            if cache is not None and cache.num_shared and \
+                    (n := sum(cache.ref_count(b) > 1 for b in table)):
                 out.append((d, n))
         return tuple(out)
 

@@ -157,7 +157,7 @@ class SlicePolicy:
     def _migrate(self, draft: Draft, r: RequestView) -> None:
         """Gather a split request's KV onto its least-loaded device when the simulation says
         it pays: a decode step there (plus the copy, once) against one over the split,
-        for each token it may still generate."""
+        for each token it may still generate; always with the prefix cache on."""
         assert r.placement is not None
         remaining = r.max_tokens - r.num_output
         target = min(set(r.placement), key=lambda d: (draft.load(d), d))
@@ -169,7 +169,9 @@ class SlicePolicy:
         nbytes = int(r.blocks_held(target) * draft.view.kv_block_bytes * away)
         src = next(d for d in r.placement if d != target)
         copy_s = draft.view.builder.xfer_time(src, target, nbytes)
-        if (split_s - single_s) * remaining > copy_s:
+        # NOTE: with the prefix cache, gathering also makes its blocks reusable (a prefix
+        # is cached only where one device holds every layer of it), so it always pays
+        if draft.view.cfg.prefix_caching or (split_s - single_s) * remaining > copy_s:
             draft.migrate(r, target)
 
     def _step_s(self, draft: Draft, r: RequestView, placement: Placement) -> float:

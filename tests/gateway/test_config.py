@@ -11,6 +11,7 @@ import pytest
 from gateway.__main__ import build_parser, config_from_args, main
 from gateway.batches.service import lock_data_dir
 from gateway.config import ConfigError, GatewayConfig, ServerSettings, load_config
+from gateway.engine import scheduler_config
 from tests.gateway.harness import TENANTS_YAML
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -35,6 +36,15 @@ async def test_data_dir_from_flag_env_or_user_data_dir(tmp_path: Path,
     assert GatewayConfig().batch.resolved_data_dir.endswith("slicegate")
     with pytest.raises(ConfigError, match="batch.max_waiting"):
         load_config(None, {"batch.max_waiting": 0})
+
+
+async def test_prefix_cache_flag() -> None:
+    on = config_from_args(build_parser().parse_args(["serve"]))
+    off = config_from_args(build_parser().parse_args(["serve", "--no-prefix-cache"]))
+    assert on.scheduler.prefix_cache and not off.scheduler.prefix_cache
+    assert not scheduler_config(off.scheduler, 512).prefix_caching
+    with pytest.raises(ConfigError, match="scheduler.prefix_cache"):
+        load_config(None, {"scheduler.prefix_cache": "no"})
 
 
 async def test_yaml_file_then_cli_overrides(tmp_path: Path) -> None:

@@ -136,6 +136,7 @@ def test_random_workload_keeps_counts_and_returns_the_pool():
         held = {b for t in live for b in t}
         assert a.num_used == len(held) and a.num_used + a.num_free == 32
         assert all(a.ref_count(b) == sum(t.count(b) for t in live) for b in held)
+        assert a.num_shared == sum(a.ref_count(b) > 1 for b in held)
     for t in live:
         a.free(t)
     assert a.num_used == 0 and a.num_free == 32

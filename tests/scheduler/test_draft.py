@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from executors.types import Priority
@@ -117,3 +119,27 @@ def test_preempting_a_request_drops_its_growth_and_undoes_its_admission() -> Non
     assert d.growths == [] and d.admissions == [] and [p.rid for p in d.preemptions] == ["g"]
     assert [r.rid for r in draft.waiting(Priority.LOW)] == ["n", "g"]
     assert draft.free_blocks("cpu:0") == 12  # 10 free + g's 2 held; growth and n undone
+
+
+def test_a_cached_prefix_is_admitted_for_its_uncached_blocks_and_revived_ones() -> None:
+    # 80 prompt tokens (5 blocks); 64 cached on cpu:1, 2 of those 4 blocks held by nobody
+    a = dataclasses.replace(req("a", prompt=80), cached=(("cpu:1", 64, 2),))
+    draft = Draft(make_view(waiting=[a], free_blocks=10))
+    assert draft.on(a, single("cpu:1")).num_computed == 64
+    assert draft.on(a, single("cpu:0")).num_computed == 0
+    assert draft.admission_blocks(a, single("cpu:0")) == 5
+    assert draft.admission_blocks(a, single("cpu:1")) == 1 + 2
+    admitted = draft.admit(a, single("cpu:1"))
+    assert admitted.num_computed == 64 and admitted.kv_blocks == (("cpu:1", 5),)
+    assert draft.free_blocks("cpu:1") == 7
+    assert draft.decision.admissions[0].num_cached == 64
+    draft.preempt(admitted, "test")  # undone this round: it gives back what it took
+    assert draft.free_blocks("cpu:1") == 10 and draft.waiting(Priority.LOW)[0].cached
+
+
+def test_preempting_a_request_frees_only_the_blocks_nobody_else_holds() -> None:
+    old = dataclasses.replace(req("old", placement=single("cpu:0"), computed=40, output=1,
+                                  blocks=3), kv_shared=(("cpu:0", 2),))
+    draft = Draft(make_view(runnable=[old], free_blocks=0))
+    draft.preempt(old, "kv for hp")
+    assert draft.free_blocks("cpu:0") == 1
