@@ -54,6 +54,7 @@ class RequestState:
     first_token_time: float | None = None
     last_token_time: float | None = None
     num_preemptions: int = 0
+    shed: Exception | None = None  # set when evicted from its queue: its stream raises it
     _view: RequestView | None = field(default=None, repr=False)
     _view_key: tuple = field(default=(), repr=False)
 
@@ -68,6 +69,14 @@ class RequestState:
     @property
     def prompt_len(self) -> int:
         return len(self.req.prompt_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.req.prompt_token_ids)
+
+    @property
+    def tenant(self) -> str:
+        return self.req.tenant
 
     @property
     def request_id(self) -> str:
@@ -90,6 +99,7 @@ class RequestState:
     def view(self) -> RequestView:
         """This request as a policy sees it (cached until its progress, status or KV change)."""
         key = (self.num_computed, len(self.output_ids), self.placement, self.status,
+               self.priority,
                tuple(len(t) for t in self.tables.values()))
         if self._view is None or key != self._view_key:
             blocks = tuple((d, len(t)) for d, t in sorted(self.tables.items()))
