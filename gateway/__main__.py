@@ -30,6 +30,9 @@ _OVERRIDES = {
     "policy": "scheduler.policy", "kv_cache_gib": "scheduler.kv_cache_gib",
     "swap_space_gib": "scheduler.swap_space_gib", "kv_admission": "scheduler.kv_admission",
     "prefix_cache": "scheduler.prefix_cache",
+    "max_queued_requests": "scheduler.max_queued_requests",
+    "max_queued_tokens": "scheduler.max_queued_tokens",
+    "max_low_wait_s": "scheduler.max_low_wait_s", "fault_rate": "scheduler.fault_rate",
     "tenants": "tenants_file", "host": "server.host",
     "port": "server.port", "drain_timeout": "server.drain_timeout_s",
     "request_timeout": "server.request_timeout_s", "log_level": "server.log_level",
@@ -63,6 +66,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--prefix-cache", action=argparse.BooleanOptionalAction, default=None,
                    help="share the cached KV blocks of equal prompt prefixes between requests "
                         "(default on; --no-prefix-cache computes every prompt in full)")
+    s.add_argument("--max-queued-requests", metavar="N|high=N,normal=N,low=N,total=N",
+                   help="waiting requests per class and in all (beyond: shed, 503)")
+    s.add_argument("--max-queued-tokens", metavar="N|high=N,normal=N,low=N,total=N",
+                   help="waiting prompt tokens per class and in all (beyond: shed, 503)")
+    s.add_argument("--max-low-wait-s", type=float,
+                   help="age a low request into the normal class after this wait (default off)")
+    s.add_argument("--fault-rate", type=float,
+                   help="TESTING ONLY: fraction of operators made to fail (default 0)")
     s.add_argument("--tenants", help="tenants file (YAML); without one, auth is off")
     s.add_argument("--host", help="bind address (default 127.0.0.1)")
     s.add_argument("--port", type=int, help="port (default 8000)")

@@ -21,7 +21,7 @@ from executors.types import Priority
 from gateway.engine import Engine
 from gateway.errors import ApiError, arrival_of, request_id_of
 from gateway.generation import Generation, merge
-from gateway.job import Job, submit_error
+from gateway.job import Job
 from gateway.prompts import resolve_max_tokens
 from gateway.protocol import GenerationOptions
 from gateway.responses import ResponseFormat, json_response
@@ -99,6 +99,7 @@ async def generate(request: Request, tenant: Tenant, options: GenerationOptions,
     except ApiError as exc:
         if exc.status == 429:
             state.metrics.rejected.labels(tenant.name, exc.type).inc()
+            state.metrics.shed.labels(tenant.name, priority.label, f"quota_{exc.type}").inc()
         raise
     prompt_param = "messages" if chat else "prompt"
     job.submit(prompt_param)
@@ -125,7 +126,7 @@ async def collect(job: Job, prompt_param: str) -> dict[str, Any]:
             if delta.finish_reason is not None:
                 finishes[delta.index] = delta.finish_reason
     except SubmitError as exc:  # a scheduler that refuses lazily, at the first event
-        raise submit_error(exc, prompt_param) from None
+        raise job.refused(exc, prompt_param) from None
     finally:
         await deltas.aclose()
     return job.format.response(texts, finishes, job.usage())

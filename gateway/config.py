@@ -55,6 +55,39 @@ def _require(ok: bool, key: str, problem: str) -> None:
         raise ConfigError(f"{key}: {problem}")
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+QUEUE_KEYS = ("high", "normal", "low", "total")
+
+
+def parse_queue_bounds(value: Any, key: str) -> dict[str, int] | None:
+    """None, N (every class and the total) or `high=N,low=N,...` / a mapping -> a dict."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        items: dict[str, Any] = dict.fromkeys(QUEUE_KEYS, value)
+    elif isinstance(value, str) and value.strip().isdigit():
+        items = dict.fromkeys(QUEUE_KEYS, int(value))
+    elif isinstance(value, str):
+        pairs = [p.partition("=") for p in value.split(",") if p.strip()]
+        items = {k.strip(): v.strip() for k, _, v in pairs}
+    elif isinstance(value, dict):
+        items = dict(value)
+    else:
+        raise ConfigError(f"{key}: N or 'high=N,normal=N,low=N,total=N'")
+    out: dict[str, int] = {}
+    for name, n in items.items():
+        _require(name in QUEUE_KEYS, key, f"unknown class {name!r} (use {', '.join(QUEUE_KEYS)})")
+        try:
+            out[name] = int(n)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key}: {name} must be an integer, got {n!r}") from None
+        _require(out[name] >= 0 and not isinstance(n, bool), key, f"{name} must be >= 0")
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class ModelSettings:
     """Which model to serve and how."""
@@ -88,9 +121,23 @@ class SchedulerSettings:
     swap_space_gib: float = 4.0  # host memory for preempted requests' KV (0: recompute)
     kv_admission: str = "on-demand"  # or "full": reserve prompt + max_tokens at admission
     prefix_cache: bool = True  # share cached KV blocks of equal prompt prefixes
+    # waiting-queue bounds (scheduler/admission.py): N (each class and the total) or
+    # "high=N,normal=N,low=N,total=N" (any of them); None = the scheduler's defaults
+    max_queued_requests: Any = None
+    max_queued_tokens: Any = None  # prompt tokens, same forms
+    max_low_wait_s: float | None = None  # age low requests into normal after this wait
+    fault_rate: float = 0.0  # testing only: fraction of compute ops made to fail
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "devices", parse_devices(self.devices))
+        for key in ("max_queued_requests", "max_queued_tokens"):
+            object.__setattr__(self, key, parse_queue_bounds(getattr(self, key),
+                                                             f"scheduler.{key}"))
+        _require(self.max_low_wait_s is None or (_is_number(self.max_low_wait_s)
+                                                 and self.max_low_wait_s > 0),
+                 "scheduler.max_low_wait_s", "a positive number of seconds")
+        _require(_is_number(self.fault_rate) and 0 <= self.fault_rate <= 1,
+                 "scheduler.fault_rate", "a number in [0, 1]")
         _require(self.policy in POLICIES, "scheduler.policy", f"one of {', '.join(POLICIES)}")
         for key, zero_ok in (("device_memory_gib", False), ("kv_cache_gib", False),
                              ("swap_space_gib", True)):

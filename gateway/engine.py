@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -11,13 +12,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from executors.types import Priority
 from gateway.config import GatewayConfig, SchedulerSettings
 from gateway.sampling_defaults import SamplingDefaults, load_sampling_defaults
 from models.loader import load
 from scheduler.api import SchedulerAPI
 from scheduler.config import SchedulerConfig
-from scheduler.execution import cpu_threads
+from scheduler.execution import cpu_threads, default_factory
 from scheduler.factory import build_scheduler, parse_devices
+from scheduler.faults import faulty
 
 if TYPE_CHECKING:
     from models import Model
@@ -111,9 +114,26 @@ def device_memory_gib(config: GatewayConfig) -> float:
 def scheduler_config(s: SchedulerSettings, max_model_len: int) -> SchedulerConfig:
     """The scheduler's settings from the gateway's (GiB to bytes)."""
     kv = None if s.kv_cache_gib is None else int(s.kv_cache_gib * 2**30)
-    return SchedulerConfig(policy=s.policy, max_model_len=max_model_len, kv_cache_bytes=kv,
-                           swap_space_bytes=int(s.swap_space_gib * 2**30),
-                           kv_admission=s.kv_admission, prefix_caching=s.prefix_cache)
+    cfg = SchedulerConfig(policy=s.policy, max_model_len=max_model_len, kv_cache_bytes=kv,
+                          swap_space_bytes=int(s.swap_space_gib * 2**30),
+                          kv_admission=s.kv_admission, max_low_wait_s=s.max_low_wait_s,
+                          prefix_caching=s.prefix_cache)
+    return queue_bounds(cfg, s.max_queued_requests, s.max_queued_tokens)
+
+
+def queue_bounds(cfg: SchedulerConfig, requests: dict[str, int] | None,
+                 tokens: dict[str, int] | None) -> SchedulerConfig:
+    """`cfg` with the waiting-queue bounds the gateway's settings override."""
+    changes: dict[str, Any] = {}
+    for bounds, per_class, total in ((requests, "queue_capacity", "queue_total_requests"),
+                                     (tokens, "queue_token_capacity", "queue_total_tokens")):
+        if bounds:
+            base = dict(getattr(cfg, per_class))
+            base.update({p: bounds[p.label] for p in Priority if p.label in bounds})
+            changes[per_class] = base
+            if "total" in bounds:
+                changes[total] = bounds["total"]
+    return dataclasses.replace(cfg, **changes) if changes else cfg
 
 
 def build_engine(config: GatewayConfig) -> Engine:
@@ -125,4 +145,10 @@ def build_engine(config: GatewayConfig) -> Engine:
     limit = model.config.max_position_embeddings
     max_len = min(config.model.max_model_len or limit, limit)
     cfg = scheduler_config(config.scheduler, max_len)
-    return engine_for_model(model, build_scheduler(model, devices, cfg), config)
+    factory = None
+    if config.scheduler.fault_rate > 0:
+        logger.warning("TESTING: %.2f%% of operators will fail (--fault-rate)",
+                       100 * config.scheduler.fault_rate)
+        factory = faulty(default_factory(threads), config.scheduler.fault_rate)
+    sched = build_scheduler(model, devices, cfg, executor_factory=factory)
+    return engine_for_model(model, sched, config)

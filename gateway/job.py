@@ -46,7 +46,18 @@ class Job:
             if not isinstance(exc, SubmitError):
                 raise
             self.metrics.rejected.labels(self.tenant.name, type(exc).__name__).inc()
+            self.count_shed(exc)
             raise submit_error(exc, prompt_param) from None
+
+    def refused(self, exc: SubmitError, prompt_param: str) -> ApiError:
+        """A scheduler refusal that came with the first event (e.g. evicted from its queue):
+        counted, and its HTTP answer."""
+        self.count_shed(exc)
+        return submit_error(exc, prompt_param)
+
+    def count_shed(self, exc: SubmitError) -> None:
+        if isinstance(exc, Overloaded):
+            self.metrics.shed.labels(self.tenant.name, self.priority.label, exc.reason).inc()
 
     def usage(self) -> dict[str, Any]:
         return usage(sum(g.num_prompt_tokens for g in self.generations),

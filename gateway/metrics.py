@@ -78,6 +78,13 @@ class _StatsCollector:
         for (op, beside), factor in sorted(s.slowdown.items()):
             slowdown.add_metric([op, beside], factor)
         yield slowdown
+        yield _by_key(GaugeMetricFamily("slicegate_fairness_jain",
+                                        "Jain's fairness index of the tokens served to each "
+                                        "tenant of a class (1: all the same).",
+                                        labels=["priority"]), s.fairness_jain.items())
+        yield _by_key(GaugeMetricFamily("slicegate_queued_prompt_tokens",
+                                        "Prompt tokens of the requests waiting, per class.",
+                                        labels=["priority"]), s.queued_tokens.items())
         healthy = GaugeMetricFamily("slicegate_healthy",
                                     "1 while the scheduler runs, its rounds succeed and every "
                                     "executor is alive.")
@@ -162,6 +169,10 @@ class GatewayMetrics:
         self.rejected = Counter("slicegate_requests_rejected",
                                 "Requests refused before running (quota, overload, draining).",
                                 ["tenant", "reason"], registry=r)
+        self.shed = Counter("slicegate_shed", "Requests shed: rejected by a tenant quota "
+                            "(429, reason quota_*) or by admission (503: class_full, "
+                            "server_full), or evicted from a queue for a higher class.",
+                            ["tenant", "class", "reason"], registry=r)
         self.ttft_slo = Gauge("slicegate_tenant_ttft_slo_seconds", "A tenant's TTFT SLO.",
                               ["tenant", "priority"], registry=r)
         self._stats = _StatsCollector(model_name)

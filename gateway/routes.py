@@ -12,6 +12,7 @@ from gateway.completions import generate
 from gateway.engine import Engine
 from gateway.errors import ApiError, clip, invalid
 from gateway.fields import is_number
+from gateway.openapi import VERSION, document
 from gateway.prompts import tokenize_chat, tokenize_completion
 from gateway.protocol import parse_chat, parse_completion, parse_json
 from gateway.responses import json_response
@@ -77,6 +78,12 @@ async def health(request: Request) -> Response:
     if problem is not None:
         return json_response({"status": "unhealthy", "detail": problem}, status_code=503)
     return json_response({"status": "ok"})
+
+
+@router.get("/openapi.json")
+async def openapi(request: Request) -> Response:
+    engine = state_of(request).engine
+    return json_response(document(VERSION, (engine.served_model_name, *engine.model_aliases)))
 
 
 @router.get("/metrics")

@@ -18,7 +18,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.errors import envelope, json_bytes
 from gateway.generation import merge
-from gateway.job import Job, submit_error
+from gateway.job import Job
 from scheduler.ieg import SubmitError
 
 logger = logging.getLogger("gateway")
@@ -58,7 +58,7 @@ async def sse_body(job: Job, prompt_param: str) -> AsyncGenerator[bytes, None]:
                 yield sse(fmt.usage_chunk(job.usage()))
         yield DONE
     except SubmitError as exc:  # a scheduler that refuses lazily, at the first event
-        yield sse(submit_error(exc, prompt_param).body())
+        yield sse(job.refused(exc, prompt_param).body())
         yield DONE
     except Exception:
         logger.exception("internal error in stream %s", fmt.id)

@@ -10,6 +10,10 @@ from models.batch import SeqSpec
 from models.sampling_params import SamplingParams
 
 _SEED_STRIDE = 1_000_003
+# NOTE: temperatures are clamped to what float32 logits survive: dividing by a temperature
+# near 0 overflows to inf and by a huge one underflows to 0 (a masked -inf then becomes NaN);
+# outside this range the distribution is already one-hot or uniform.
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-4, 1e4
 
 
 def _mask_stops(logits: torch.Tensor, seq: SeqSpec) -> torch.Tensor:
@@ -31,6 +35,7 @@ def _filter(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
         probs = sorted_logits.softmax(-1)
         # drop a token when the mass before it already reaches top_p (the top one always stays)
         drop = probs.cumsum(-1) - probs >= p.top_p
+        drop[0] = False  # NOTE: also when top_p rounds to 0 in float32 (e.g. 1e-300)
         logits = logits.index_fill(0, order[drop], float("-inf"))
     return logits
 
@@ -51,7 +56,8 @@ def sample_one(logits: torch.Tensor, seq: SeqSpec) -> int:
     logits = _mask_stops(logits.float(), seq)
     if p.is_greedy:
         return int(logits.argmax())
-    probs = _filter(logits / p.temperature, p).softmax(-1)
+    temperature = min(max(p.temperature, MIN_TEMPERATURE), MAX_TEMPERATURE)
+    probs = _filter(logits / temperature, p).softmax(-1)
     return int(torch.multinomial(probs, 1, generator=_generator(seq, logits.device)))
 
 

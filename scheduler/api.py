@@ -50,6 +50,9 @@ class SchedulerStats:
     reprofiles: dict[str, int] = field(default_factory=dict)  # kind or pair -> cumulative
     slowdown: dict[tuple[str, str], float] = field(default_factory=dict)  # (op class, class
     # running beside it on another device of the host) -> co-location slowdown
+    fairness_jain: dict[str, float] = field(default_factory=dict)  # class -> Jain's index of
+    # the tokens each of its tenants was served (scheduler/fairness.py)
+    queued_tokens: dict[str, int] = field(default_factory=dict)  # class -> prompt tokens waiting
     errors_total: int = 0  # exceptions caught in rounds and completion handlers, cumulative
     healthy: bool = True  # False while rounds keep failing, or once the task or an executor died
     health_detail: str | None = None  # why it is not healthy

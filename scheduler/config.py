@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from executors.types import Priority
+from scheduler.admission import QueueLimits
 
 
 @dataclass(frozen=True, slots=True)
@@ -14,8 +15,17 @@ class SchedulerConfig:
     max_batch_tokens: int = 2048  # prefill tokens per plan
     max_decode_seqs: int = 64  # sequences per decode plan
     max_model_len: int = 2048
+    # NOTE: admission by work (scheduler/admission.py): each class's waiting queue holds at
+    # most this many requests and prompt tokens; all classes together at most the totals
+    # (None: no total), beyond which a higher class evicts the newest of the lowest.
     queue_capacity: dict[Priority, int] = field(default_factory=lambda: {
         Priority.HIGH: 256, Priority.NORMAL: 256, Priority.LOW: 1024})
+    queue_token_capacity: dict[Priority, int] = field(default_factory=lambda: {
+        Priority.HIGH: 1 << 18, Priority.NORMAL: 1 << 18, Priority.LOW: 1 << 20})
+    queue_total_requests: int | None = 1024
+    queue_total_tokens: int | None = 1 << 20
+    # a low request waiting longer than this is aged into the normal class (None: never)
+    max_low_wait_s: float | None = None
     # NOTE: a low-priority op may delay a high-priority one by one operator; its prefill
     # chunk is sized so that one layer group takes at most this fraction of the tightest SLO.
     lp_op_slo_fraction: float = 0.1
@@ -51,3 +61,11 @@ class SchedulerConfig:
             raise ValueError("kv_cache_bytes must be > 0")
         if not 0 <= self.kv_watermark < 1 or self.swap_space_bytes < 0:
             raise ValueError("kv_watermark must be in [0, 1) and swap_space_bytes >= 0")
+        if self.max_low_wait_s is not None and self.max_low_wait_s <= 0:
+            raise ValueError("max_low_wait_s must be > 0 (or None: no ageing)")
+        _ = self.queue_limits  # validates the bounds
+
+    @property
+    def queue_limits(self) -> QueueLimits:
+        return QueueLimits(self.queue_capacity, self.queue_token_capacity,
+                           self.queue_total_requests, self.queue_total_tokens)

@@ -116,11 +116,14 @@ class RequestTooLarge(SubmitError):
 
 
 class Overloaded(SubmitError):
-    """The waiting queue of the request's class is full. Maps to HTTP 429/503."""
+    """The request was shed: its class's queue or the server is full, or it was evicted for
+    a higher class (`reason`, see scheduler/admission.py). Maps to HTTP 503 with Retry-After."""
 
-    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+    def __init__(self, message: str, retry_after_s: float = 1.0,
+                 reason: str = "server_full") -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+        self.reason = reason
 
 
 @dataclass(slots=True)
@@ -146,6 +149,10 @@ class Request:
     @property
     def max_tokens(self) -> int:
         return self.sampling.max_tokens
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
 
     @property
     def ttft_deadline(self) -> float | None:

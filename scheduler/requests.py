@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from executors.types import Priority
 from models.template import GraphTemplate
+from scheduler.admission import QueueLimits, WaitingQueues, Weight
 from scheduler.decision import Admission, Growth, Migration, Preemption
 from scheduler.gmg import GMG
-from scheduler.ieg import BoundedQueues, FinishReason
+from scheduler.ieg import FinishReason, Overloaded
 from scheduler.kv import KVManager, layer_devices
 from scheduler.requestview import RequestView
 from scheduler.state import RequestState, Status
@@ -29,18 +30,39 @@ class Requests:
     """Request records by id, waiting queues per class, and KV commits (see module doc)."""
 
     def __init__(self, kv: KVManager, gmg: GMG, template: GraphTemplate,
-                 queue_capacity: dict[Priority, int]) -> None:
+                 limits: QueueLimits) -> None:
         self.kv, self.gmg, self.template = kv, gmg, template
         self.states: dict[str, RequestState] = {}
-        self.waiting: BoundedQueues[RequestState] = BoundedQueues(queue_capacity)
+        self.waiting: WaitingQueues[RequestState] = WaitingQueues(limits)
         self.preemptions: dict[tuple[str, str], int] = {}  # (tenant, class) -> count
         self.swapped_out_bytes = 0  # KV copied to host memory by preemptions, cumulative
         self.dropped_tokens = 0  # tokens of KV dropped by preemptions (to recompute)
         self.block_size = next(iter(kv.pools.values())).block_size
 
-    def add(self, state: RequestState) -> None:
-        self.waiting.push(state)
+    def add(self, state: RequestState, weight: Weight | None = None) -> list[RequestState]:
+        """Queue a new request; returns those it evicted (still to be shed by `shed`).
+        Raises Overloaded (with its reason) when it is the one shed. `weight`: a tenant's
+        service so far (fair shedding within a class), else 0 for all."""
+        verdict = self.waiting.verdict(state, weight) if weight else self.waiting.verdict(state)
+        evicted = self.waiting.push(state, verdict)
         self.states[state.rid] = state
+        return evicted
+
+    def shed(self, state: RequestState, why: Overloaded) -> None:
+        """End a request evicted from its queue; its stream raises `why`."""
+        state.shed = why
+        self.end(state, FinishReason.ERROR, str(why))
+
+    def age(self, before: float) -> list[RequestState]:
+        """Move low requests waiting since before `before` (monotonic s) into the normal
+        class, in arrival order; returns them."""
+        old = [s for s in self.waiting.queue(Priority.LOW)
+               if s.status is Status.WAITING and s.req.arrival_time <= before]
+        for s in old:
+            self.waiting.remove(s.rid)
+            s.req.priority = Priority.NORMAL
+            self.waiting.requeue(s, front=False)
+        return old
 
     def get(self, rid: str) -> RequestState | None:
         return self.states.get(rid)
@@ -126,7 +148,7 @@ class Requests:
         key = (state.req.tenant, state.priority.label)
         self.preemptions[key] = self.preemptions.get(key, 0) + 1
         state.on_preempted()
-        self.waiting.queue(state.priority).appendleft(state)
+        self.waiting.requeue(state)
         return state
 
     def migrate(self, m: Migration) -> RequestState:

@@ -22,14 +22,16 @@ from functools import partial
 from typing import Any
 
 from executors.memory import MemoryLedger
-from executors.types import Device, OpInstance, OpState
+from executors.types import Device, OpInstance, OpState, Priority
 from models.batch import BatchSource, SeqSpec
 from models.loader import Model
+from scheduler.admission import EVICTED, DrainRate
 from scheduler.api import SchedulerStats
 from scheduler.bookkeeping import Bookkeeping
 from scheduler.config import SchedulerConfig
 from scheduler.decision import RoundDecision
 from scheduler.execution import Execution, ExecutorFactory, kv_pools
+from scheduler.fairness import FairShare, counter_of
 from scheduler.gmg import GMG
 from scheduler.health import RoundHealth
 from scheduler.ieg import FinishReason, Overloaded, Request, RequestTooLarge, TokenEvent
@@ -64,7 +66,9 @@ class Scheduler:
         self.kv = KVManager(kv_pools(model, devices, self.ledgers, self.cfg),
                             self.cfg.swap_space_bytes)
         self.gmg = GMG(self.devices, self.ledgers, self.kv)
-        self.requests = Requests(self.kv, self.gmg, model.template, self.cfg.queue_capacity)
+        self.requests = Requests(self.kv, self.gmg, model.template, self.cfg.queue_limits)
+        self.fair = FairShare()  # virtual token counters per class and tenant
+        self.drain = DrainRate()  # prompt tokens served per second (predicts Retry-After)
         self.inflight = InFlight()
         self.builder = Builder(model.template, self.cfg.block_size, op_time, xfer_time)
         self.exec = Execution(model, self.devices, self.kv, self.ledgers,
@@ -131,7 +135,7 @@ class Scheduler:
         """Queue a request; raises RequestTooLarge or Overloaded before any token."""
         self._check(request)
         state = RequestState(request, request.build_ieg(self.cfg.max_batch_tokens))
-        self.requests.add(state)
+        self._enqueue(state)
         if request.ttft_slo_s is not None:
             self.tightest_slo_s = min(self.tightest_slo_s or request.ttft_slo_s,
                                       request.ttft_slo_s)
@@ -152,14 +156,38 @@ class Scheduler:
             raise RequestTooLarge(f"{total} tokens of KV can never fit in one device's cache")
         if request.request_id in self.states:
             raise ValueError(f"duplicate request id {request.request_id}")
-        if not self.requests.waiting.can_push(request.priority):
-            raise Overloaded(f"too many waiting {request.priority.label}-priority requests",
-                             retry_after_s=1.0)
+
+    def _enqueue(self, state: RequestState) -> None:
+        """Queue a new request, shedding whom admission by work says (scheduler/admission.py);
+        raises Overloaded with a Retry-After predicted from the queue's drain time."""
+        p, now = state.priority, self.clock()
+        backlogged = {s.tenant for s in self.requests.waiting.queue(p)}
+        try:
+            evicted = self.requests.add(state, partial(counter_of, self.fair.counters, p))
+        except Overloaded as e:
+            e.retry_after_s = self._retry_after_s(p, now)
+            raise
+        self.fair.on_arrival(p, state.tenant, backlogged)
+        for v in evicted:
+            why = Overloaded(f"evicted from the {v.priority.label}-priority queue for "
+                             f"{p.label}-priority work", self._retry_after_s(v.priority, now),
+                             EVICTED)
+            self.requests.shed(v, why)
+        if p is Priority.LOW and self.cfg.max_low_wait_s is not None:
+            asyncio.get_running_loop().call_later(self.cfg.max_low_wait_s, self._wake.set)
+
+    def _retry_after_s(self, priority: Priority, now: float) -> float:
+        """When a request of `priority` shed now may find room: the prompt tokens queued at
+        its class and above, over the rate at which queued tokens were served lately."""
+        ahead = sum(self.requests.waiting.tokens(p) for p in Priority if p <= priority)
+        return self.drain.retry_after_s(now, ahead)
 
     async def _stream(self, state: RequestState) -> AsyncIterator[TokenEvent]:
         try:
             while True:
                 event = await state.events.get()
+                if event.finish_reason is not None and state.shed is not None:
+                    raise state.shed
                 yield event
                 if event.finish_reason is not None:
                     return
@@ -202,6 +230,8 @@ class Scheduler:
     def _round(self) -> None:
         t0 = time.perf_counter()
         try:
+            if self.cfg.max_low_wait_s is not None:
+                self.requests.age(self.clock() - self.cfg.max_low_wait_s)
             view = self._view()
             self._apply(self.policy.schedule(view), view.now)
         except Exception as e:
@@ -236,7 +266,7 @@ class Scheduler:
             self.cfg.block_size, self.kv.swap_bytes(1), self.kv.host_free_bytes, snap,
             self.gmg.loads(), self.builder, dict(self.inflight.prefills),
             frozenset(self.inflight.decodes),
-            self.tightest_slo_s or self.cfg.default_ttft_slo_s)
+            self.tightest_slo_s or self.cfg.default_ttft_slo_s, self.fair.view())
 
     def _apply(self, d: RoundDecision, now: float) -> None:
         """Commit a decision: first what frees KV, then what takes it, then the plans.
@@ -406,11 +436,14 @@ class Scheduler:
 
     def _chunk_done(self, plan: Plan, index: int, final: OpInstance) -> None:
         chunk = plan.chunks[index]
+        now = self.clock()
         for f in chunk:
             if (s := self.states.get(f.rid)) is not None:
                 s.num_computed = f.past + f.num_tokens
                 s.on_computed()
                 self.requests.cache(s)
+                self.fair.charge(s.priority, s.tenant, f.num_tokens)
+                self.drain.record(now, max(0, min(s.prompt_len, f.past + f.num_tokens) - f.past))
         if final.template_index == len(self.model.template.ops) - 1:
             sampled = [f for f in chunk if f.samples]
             for f, token in zip(sampled, final.output.tolist(), strict=True):
@@ -424,6 +457,7 @@ class Scheduler:
         if s.finished:
             return
         s.output_ids.append(token)
+        self.fair.charge(s.priority, s.tenant, 1)  # NOTE: VTC: an output token costs 2 inputs
         if len(s.output_ids) == 1:
             s.first_token_time = now
             self.gmg.deadlines.pop(s.rid, None)

@@ -58,6 +58,7 @@ class RequestState:
     num_cached_tokens: int = 0  # prompt tokens its first admission found in the prefix cache
     num_registered: int = 0  # full blocks offered to the prefix cache since its admission
     _keys: list[BlockKey] = field(default_factory=list, repr=False)  # of its full blocks
+    shed: Exception | None = None  # set when evicted from its queue: its stream raises it
     _view: RequestView | None = field(default=None, repr=False)
     _view_key: tuple = field(default=(), repr=False)
 
@@ -72,6 +73,14 @@ class RequestState:
     @property
     def prompt_len(self) -> int:
         return len(self.req.prompt_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.req.prompt_token_ids)
+
+    @property
+    def tenant(self) -> str:
+        return self.req.tenant
 
     @property
     def request_id(self) -> str:
@@ -96,7 +105,7 @@ class RequestState:
         """This request as a policy sees it (cached until its progress, status or KV change);
         `cached` and `shared` as in `RequestView`."""
         key = (self.num_computed, len(self.output_ids), self.placement, self.status,
-               tuple(len(t) for t in self.tables.values()), cached, shared)
+               self.priority, tuple(len(t) for t in self.tables.values()), cached, shared)
         if self._view is None or key != self._view_key:
             blocks = tuple((d, len(t)) for d, t in sorted(self.tables.items()))
             self._view_key = key

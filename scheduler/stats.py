@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from executors.types import Priority
 from scheduler.api import SchedulerStats
 
 if TYPE_CHECKING:
@@ -35,6 +36,8 @@ def collect(s: Scheduler) -> SchedulerStats:
         estimator_level=est.levels() if est is not None else {},
         reprofiles=_reprofiles(s),
         slowdown=dict(est.interference.slowdown) if est is not None and est.interference else {},
+        fairness_jain=s.fair.jain(),
+        queued_tokens={p.label: s.requests.waiting.tokens(p) for p in Priority},
         errors_total=s.health.errors_total, healthy=problem is None, health_detail=problem)
 
 

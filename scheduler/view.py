@@ -9,7 +9,7 @@ with views built by hand.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from executors.types import Priority
 from models.kv_cache import blocks_for
@@ -41,6 +41,8 @@ class RoundView:
     prefill_inflight: Mapping[tuple[str, Priority], int]  # (first device, class) -> plans
     decode_inflight: frozenset[Placement]  # placements with a decode step in flight
     tightest_slo_s: float  # smallest TTFT SLO seen, else the default (sizes low chunks)
+    # class -> tenant -> virtual tokens served (scheduler/fairness.py), for the fair order
+    service: Mapping[Priority, Mapping[str, float]] = field(default_factory=dict)
 
     def blocks_for(self, num_tokens: int) -> int:
         return blocks_for(num_tokens, self.block_size)

@@ -1,9 +1,10 @@
-"""What every policy needs: placements, per-class decode steps, prefill feeds, preemption."""
+"""What every policy needs: placements, per-class decode steps, prefill feeds, preemption,
+and the fair order of a class's waiting requests."""
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Callable
+from collections import defaultdict, deque
+from collections.abc import Callable, Mapping
 
 from executors.types import Priority
 from scheduler.draft import Draft
@@ -113,3 +114,23 @@ def preempt_for(draft: Draft, device: str, req: RequestView) -> int:
         draft.preempt(v, f"kv for {req.rid}")
         count += 1
     return count
+
+
+def fair_order(waiting: list[RequestView], service: Mapping[str, float]) -> list[RequestView]:
+    """Waiting requests of one class, tenant by tenant in the order of their virtual token
+    counters (`service`: tenant -> tokens served, scheduler/fairness.py), each tenant's own
+    in arrival order; a request taken charges its prompt to its tenant for the rest of the
+    order, so one round does not hand the whole class to the least-served tenant."""
+    by_tenant: dict[str, deque[RequestView]] = defaultdict(deque)
+    for r in sorted(waiting, key=lambda r: r.arrival_s):
+        by_tenant[r.tenant].append(r)
+    counters = {t: service.get(t, 0.0) for t in by_tenant}
+    out: list[RequestView] = []
+    while by_tenant:
+        tenant = min(by_tenant, key=lambda t: (counters[t], by_tenant[t][0].arrival_s))
+        r = by_tenant[tenant].popleft()
+        out.append(r)
+        counters[tenant] += r.prompt_len
+        if not by_tenant[tenant]:
+            del by_tenant[tenant]
+    return out

@@ -14,6 +14,7 @@ from scheduler.draft import Draft
 from scheduler.plan import Feed, Plan
 from scheduler.policies.common import (
     decode_plans,
+    fair_order,
     issue_plan,
     preempt_for,
     prefill_feed,
@@ -40,10 +41,12 @@ class GreedyPolicy:
         return view.devices
 
     def order(self, draft: Draft) -> list[RequestView]:
-        waiting = [r for p in Priority for r in draft.waiting(p)]
+        """Class by class (fair share among a class's tenants), or arrival order for fcfs."""
         if self.uses_priority:
-            return sorted(waiting, key=lambda r: (r.priority, r.arrival_s))
-        return sorted(waiting, key=lambda r: r.arrival_s)
+            service = draft.view.service
+            return [r for p in Priority
+                    for r in fair_order(draft.waiting(p), service.get(p, {}))]
+        return sorted((r for p in Priority for r in draft.waiting(p)), key=lambda r: r.arrival_s)
 
     def schedule(self, view: RoundView) -> RoundDecision:
         draft = Draft(view)

@@ -25,6 +25,7 @@ from scheduler.plan import Feed, Plan
 from scheduler.policies.common import (
     chunk_feeds,
     decode_plans,
+    fair_order,
     issue_plan,
     preempt_for,
     prefill_feed,
@@ -217,7 +218,8 @@ class SlicePolicy:
             feeds.append(prefill_feed(r, budget - used))
             used += feeds[-1].num_tokens
         placement = single(device, draft.view.num_ops)
-        for r in draft.waiting(Priority.LOW):
+        for r in fair_order(draft.waiting(Priority.LOW),
+                            draft.view.service.get(Priority.LOW, {})):
             need = draft.admission_blocks(r, placement)
             if used >= budget or blocks + need > draft.room(device):
                 break

@@ -57,3 +57,14 @@ def test_min_tokens_masks_stop_ids() -> None:
 def test_invalid_params_rejected(bad: dict) -> None:
     with pytest.raises(ValueError):
         SamplingParams(**bad)
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.5, 2.2e-313])
+@pytest.mark.parametrize("temperature", [1e-300, 1e-30, 4.6e131, float(2**1000)])
+def test_extreme_temperatures_sample_a_valid_token(temperature: float, top_p: float) -> None:
+    logits = torch.randn(50)
+    seq = SeqSpec("r", [1], 0, [0], sample=True,
+                  sampling=SamplingParams(temperature=temperature, top_p=top_p, seed=3,
+                                          min_tokens=2, stop_token_ids=(5,)))
+    token = sample_one(logits, seq)
+    assert 0 <= token < 50 and token != 5

@@ -21,7 +21,7 @@ from models.loader import Model
 from models.sampling_params import SamplingParams
 from models.skeleton import skeleton
 from scheduler.config import SchedulerConfig
-from scheduler.ieg import FinishReason, Request
+from scheduler.ieg import FinishReason, Overloaded, Request
 from scheduler.scheduler import Scheduler
 from tests.scheduler.conftest import linear_time, xfer_time
 from tests.scheduler.kvcheck import KVCheckModel
@@ -44,6 +44,8 @@ class Outcome:
     error: str | None = None
     first_token_at: float | None = None
     num_cached_tokens: int = 0  # as the request's events reported it
+    shed: Overloaded | None = None  # evicted from its queue (its stream raised this)
+    finished_at: float | None = None  # virtual time its stream ended
 
 
 class ClusterRun:
@@ -110,14 +112,18 @@ class ClusterRun:
         stream = self.sched.submit(req)
 
         async def consume() -> None:
-            async for ev in stream:
-                if ev.token_id is not None:
-                    out.tokens.append(ev.token_id)
-                    if out.first_token_at is None:
-                        out.first_token_at = self.cluster.now
-                out.num_cached_tokens = ev.num_cached_tokens
-                if ev.finish_reason is not None:
-                    out.finish, out.error = ev.finish_reason, ev.error
+            try:
+                async for ev in stream:
+                    if ev.token_id is not None:
+                        out.tokens.append(ev.token_id)
+                        if out.first_token_at is None:
+                            out.first_token_at = self.cluster.now
+                    out.num_cached_tokens = ev.num_cached_tokens
+                    if ev.finish_reason is not None:
+                        out.finish, out.error = ev.finish_reason, ev.error
+            except Overloaded as e:
+                out.shed = e
+            out.finished_at = self.cluster.now
         self._tasks.append(asyncio.create_task(consume()))
         return out
 

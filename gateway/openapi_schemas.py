@@ -1,0 +1,127 @@
+"""JSON schemas of the OpenAPI document (gateway/openapi.py): request bodies and results.
+
+Request schemas describe what the server accepts, as OpenAI's (protocol.py checks more:
+value ranges against the model, known fields it does not implement); result schemas
+what it answers. Objects allow more properties, as OpenAI's clients do.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.batches.types import COMPLETION_WINDOWS, ENDPOINTS
+from gateway.tenants import SERVICE_TIERS
+
+S = dict[str, Any]
+NULL: S = {"type": "null"}
+STR: S = {"type": "string"}
+INT: S = {"type": "integer"}
+NUM: S = {"type": "number"}
+BOOL: S = {"type": "boolean"}
+
+
+def _nullable(schema: S) -> S:
+    return {"anyOf": [schema, NULL]}
+
+
+def _obj(required: tuple[str, ...] = (), **props: S) -> S:
+    return {"type": "object", "required": list(required), "properties": props}
+
+
+def _ref(name: str) -> S:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+_STOP: S = _nullable({"anyOf": [STR, {"type": "array", "items": STR}]})
+_OPTIONS: dict[str, S] = {  # what both generation endpoints accept
+    "model": _nullable(STR),
+    "max_tokens": _nullable({"type": "integer", "minimum": 1}),
+    "temperature": _nullable({"type": "number", "minimum": 0}),
+    "top_p": _nullable({"type": "number", "exclusiveMinimum": 0, "maximum": 1}),
+    "top_k": _nullable({"type": "integer", "minimum": -1}),
+    "seed": _nullable(INT),
+    "stop": _STOP,
+    "stop_token_ids": _nullable({"type": "array", "items": INT}),
+    "min_tokens": _nullable({"type": "integer", "minimum": 0}),
+    "ignore_eos": _nullable(BOOL),
+    "stream": _nullable(BOOL),
+    "stream_options": _nullable(_obj(include_usage=_nullable(BOOL))),
+    "n": _nullable({"type": "integer", "const": 1}),
+    "priority": _nullable(INT),
+    "service_tier": _nullable({"enum": list(SERVICE_TIERS)}),
+    "user": _nullable(STR),
+}
+_TOKENS: S = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+_PROMPT: S = {"anyOf": [STR, {"type": "array", "items": STR, "minItems": 1}, _TOKENS,
+                        {"type": "array", "items": _TOKENS, "minItems": 1}]}
+_TEXT_PART: S = _obj(("type", "text"), type={"const": "text"}, text=STR)
+_MESSAGE: S = _obj(("role",), role={"enum": ["system", "developer", "user", "assistant"]},
+                   content=_nullable({"anyOf": [STR, {"type": "array", "items": _TEXT_PART}]}),
+                   name=STR)
+_USAGE: S = _obj(("prompt_tokens", "completion_tokens", "total_tokens"), prompt_tokens=INT,
+                 completion_tokens=INT, total_tokens=INT)
+_FINISH: S = _nullable({"enum": ["stop", "length", "abort", "error"]})
+_BASE = ("id", "object", "created", "model", "choices")
+
+
+def _result(obj: str, choice: S) -> S:
+    return _obj((*_BASE, "usage"), id=STR, object={"const": obj}, created=INT, model=STR,
+                choices={"type": "array", "items": choice}, usage=_USAGE)
+
+
+_FILE: S = _obj(("id", "object", "bytes", "created_at", "filename", "purpose"), id=STR,
+                object={"const": "file"}, bytes=INT, created_at=INT,
+                expires_at=_nullable(INT), filename=STR, purpose=STR, status=STR)
+_BATCH: S = _obj(("id", "object", "endpoint", "input_file_id", "completion_window", "status",
+                  "created_at", "request_counts"),
+                 id=STR, object={"const": "batch"}, endpoint=STR, input_file_id=STR,
+                 completion_window=STR, status=STR, created_at=INT,
+                 output_file_id=_nullable(STR), error_file_id=_nullable(STR),
+                 request_counts=_obj(("total", "completed", "failed"), total=INT,
+                                     completed=INT, failed=INT),
+                 metadata=_nullable({"type": "object", "additionalProperties": STR}))
+
+
+def _page(item: S) -> S:
+    return _obj(("object", "data"), object={"const": "list"},
+                data={"type": "array", "items": item}, first_id=_nullable(STR),
+                last_id=_nullable(STR), has_more=BOOL)
+
+
+SCHEMAS: dict[str, S] = {
+    "Error": _obj(("error",), error=_obj(
+        ("message", "type"), message=STR, type=STR, param=_nullable(STR),
+        code=_nullable(STR))),
+    "CompletionRequest": _obj(("prompt",), prompt=_PROMPT, **_OPTIONS),
+    "ChatCompletionRequest": _obj(("messages",), messages={"type": "array", "items": _MESSAGE,
+                                                           "minItems": 1},
+                                  max_completion_tokens=_nullable({"type": "integer",
+                                                                   "minimum": 1}),
+                                  **_OPTIONS),
+    # one SSE event: `data` holds a chunk object (JSON), an Error envelope, or `[DONE]`
+    "ServerSentEvent": _obj(("data",), data=STR, event=STR),
+    "Completion": _result("text_completion", _obj(
+        ("index", "text", "finish_reason"), index=INT, text=STR, finish_reason=_FINISH)),
+    "ChatCompletion": _result("chat.completion", _obj(
+        ("index", "message", "finish_reason"), index=INT, finish_reason=_FINISH,
+        message=_obj(("role", "content"), role={"const": "assistant"}, content=STR))),
+    "ModelList": _page(_obj(("id", "object", "owned_by"), id=STR, object={"const": "model"},
+                            created=INT, owned_by=STR, max_model_len=INT)),
+    "Health": _obj(("status",), status={"enum": ["ok", "draining", "unhealthy"]},
+                   detail=_nullable(STR)),
+    "Timeline": _obj(("now", "since", "events", "requests"), now=NUM, since=NUM,
+                     events={"type": "array", "items": {"type": "object"}},
+                     requests={"type": "array", "items": {"type": "object"}}),
+    "FileUpload": _obj(("file", "purpose"), file={"type": "string", "format": "binary"},
+                       purpose={"const": "batch"}),
+    "File": _FILE,
+    "FileList": _page(_FILE),
+    "FileDeleted": _obj(("id", "object", "deleted"), id=STR, object={"const": "file"},
+                        deleted=BOOL),
+    "BatchRequest": _obj(("input_file_id", "endpoint", "completion_window"),
+                         input_file_id=STR, endpoint={"enum": list(ENDPOINTS)},
+                         completion_window={"enum": list(COMPLETION_WINDOWS)},
+                         metadata=_nullable({"type": "object", "additionalProperties": STR})),
+    "Batch": _BATCH,
+    "BatchList": _page(_BATCH),
+}
