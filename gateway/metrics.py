@@ -78,6 +78,11 @@ class _StatsCollector:
         for (op, beside), factor in sorted(s.slowdown.items()):
             slowdown.add_metric([op, beside], factor)
         yield slowdown
+        yield _by_key(GaugeMetricFamily("slicegate_device_up",
+                                        "1 while a device's executor is up; 0 while it is "
+                                        "down (a lost Ray node, until its actor is back).",
+                                        labels=["device"]),
+                      ((d, 1.0 if up else 0.0) for d, up in s.device_up.items()))
         healthy = GaugeMetricFamily("slicegate_healthy",
                                     "1 while the scheduler runs, its rounds succeed and every "
                                     "executor is alive.")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from scheduler.api import SchedulerStats
+from scheduler.api import NO_DEVICE, SchedulerStats
 
 if TYPE_CHECKING:
     from scheduler.scheduler import Scheduler
@@ -18,6 +18,9 @@ def collect(s: Scheduler) -> SchedulerStats:
         key = (st.req.tenant, st.priority.label)
         (running if st.status.holds_kv else waiting)[key] += 1
     problem = s.health.problem(s.exec.healthy)
+    down = s.exec.down()
+    if problem is not None and s.devices and len(down) == len(s.devices):
+        problem = f"{NO_DEVICE}: every device is down ({', '.join(sorted(down))})"
     wall = max(1e-9, s.clock() - s._started_at)
     est = s.estimator
     if est is not None:
@@ -35,7 +38,10 @@ def collect(s: Scheduler) -> SchedulerStats:
         estimator_level=est.levels() if est is not None else {},
         reprofiles=_reprofiles(s),
         slowdown=dict(est.interference.slowdown) if est is not None and est.interference else {},
-        errors_total=s.health.errors_total, healthy=problem is None, health_detail=problem)
+        errors_total=s.health.errors_total, healthy=problem is None, health_detail=problem,
+        device_up={d: d not in down for d in s.exec.executors},
+        device_detail={d: describe() for d, e in s.exec.executors.items()
+                       if callable(describe := getattr(e, "describe", None))})
 
 
 def _reprofiles(s: Scheduler) -> dict[str, int]:
