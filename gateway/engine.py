@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from gateway.cluster import ray_scheduler
 from gateway.config import GatewayConfig, SchedulerSettings
 from gateway.sampling_defaults import SamplingDefaults, load_sampling_defaults
 from models.loader import load
@@ -118,11 +119,19 @@ def scheduler_config(s: SchedulerSettings, max_model_len: int) -> SchedulerConfi
 
 def build_engine(config: GatewayConfig) -> Engine:
     """Load `config.model`, profile (or load cached) estimators, build the scheduler."""
+    if config.scheduler.ray_address is not None:
+        model = load(config.model.spec, dtype=config.model.dtype, threads=cpu_threads(1))
+        cfg = scheduler_config(config.scheduler, _max_len(model, config))
+        return engine_for_model(model, ray_scheduler(model, config, cfg,
+                                                     device_memory_gib(config)), config)
     devices = parse_devices(list(config.scheduler.devices), device_memory_gib(config))
     # NOTE: kernels are chosen for the intra-op threads the CPU executors will run on
     threads = cpu_threads(sum(d.kind == "cpu" for d in devices))
     model = load(config.model.spec, dtype=config.model.dtype, threads=threads)
-    limit = model.config.max_position_embeddings
-    max_len = min(config.model.max_model_len or limit, limit)
-    cfg = scheduler_config(config.scheduler, max_len)
+    cfg = scheduler_config(config.scheduler, _max_len(model, config))
     return engine_for_model(model, build_scheduler(model, devices, cfg), config)
+
+
+def _max_len(model: Model, config: GatewayConfig) -> int:
+    limit = model.config.max_position_embeddings
+    return min(config.model.max_model_len or limit, limit)
