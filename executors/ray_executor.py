@@ -58,6 +58,8 @@ class Remote:
 class RayExecutor(Executor):
     """The proxy of one remote device (see the module doc)."""
 
+    recovers = True
+
     def __init__(self, device: Device, remote: Remote, ledger: MemoryLedger, last_index: int,
                  pool: RemoteKVCache | None, on_done: OnDone,
                  loop: asyncio.AbstractEventLoop | None) -> None:

@@ -172,7 +172,7 @@ class Execution:
 
     @property
     def healthy(self) -> bool:
-        """Every local executor alive, and some device up (a remote device may come back)."""
-        return all(e.alive for d, e in self.executors.items()
-                   if self.devices[d].node is None) and (
+        """Every executor that cannot come back alive, and some device up."""
+        return all(e.alive for e in self.executors.values()
+                   if not getattr(e, "recovers", False)) and (
             not self.executors or len(self.down()) < len(self.executors))
