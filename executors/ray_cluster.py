@@ -38,13 +38,15 @@ READY_TIMEOUT_S = 600.0  # an actor loads its model within this
 _ROOT = str(Path(__file__).resolve().parents[1])  # the checkout's root, for the workers
 
 
-def connect(address: str) -> None:
-    """Join the Ray cluster at `address` (`auto`: the local one) unless already joined."""
+def connect(address: str | None, **local: Any) -> None:
+    """Join the Ray cluster at `address` (`auto`: the local one) unless already joined;
+    `address=None` starts a one-node cluster in this process (`local`: its `num_cpus`,
+    `resources`)."""
     if ray.is_initialized():
         return
     # NOTE: workers import slicegate from this checkout where the path exists on their node
     ray.init(address=address, namespace="slicegate", logging_level=logging.WARNING,
-             runtime_env={"env_vars": {"PYTHONPATH": _ROOT}})
+             runtime_env={"env_vars": {"PYTHONPATH": _ROOT}}, **local)
 
 
 def alive_nodes() -> list[dict[str, Any]]:
