@@ -17,6 +17,7 @@ ray = pytest.importorskip("ray")
 import torch  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
+import executors.ray_cluster as ray_cluster  # noqa: E402
 import executors.ray_executor as ray_executor  # noqa: E402
 from executors.ray_actor import ActorSpec  # noqa: E402
 from executors.ray_cluster import RayDevices, connect  # noqa: E402
@@ -145,6 +146,23 @@ def _flatten(xs: list[Any]) -> Iterator[Any]:
             yield from _flatten(list(x))
         else:
             yield x
+
+
+def test_nodes_are_named_by_resource_address_or_id(cluster: Nodes) -> None:
+    nodes = [n for n in ray_cluster.alive_nodes() if n["Resources"].get("CPU", 0) >= 1]
+    assert len(nodes) == 2
+    # NOTE: the local nodes share one IP address, so ray:all names them by node id
+    assert sorted(ray_cluster.expand(["ray:all"])) == sorted(f"{n['NodeID']}/cpu:0"
+                                                            for n in nodes)
+    assert ray_cluster.placement(NODES[0]) == {"resources": {NODES[0]: ray_cluster.PIN}}
+    ip = nodes[0]["NodeManagerAddress"]
+    assert ray_cluster.placement(ip) == {"resources": {f"node:{ip}": ray_cluster.PIN}}
+    by_id = ray_cluster.placement(nodes[0]["NodeID"][:12])["scheduling_strategy"]
+    assert by_id.node_id == nodes[0]["NodeID"] and not by_id.soft
+    with pytest.raises(ValueError, match="names no live Ray node"):
+        ray_cluster.placement("no-such-node")
+    with pytest.raises(ValueError, match="stands alone"):
+        ray_cluster.expand(["ray:all", f"{NODES[0]}/cpu:0"])
 
 
 def test_node_pairs_are_profiled(remote: RayDevices) -> None:
