@@ -45,6 +45,12 @@ async def _run(model: Model, remote: RayDevices, requests: int, block: int) -> l
     thread = build_scheduler(model, parse_devices("cpu:0", 2.0), cfg,
                              executor_factory=one_thread)
     ray_sched = build_scheduler(model, remote.devices, cfg, executor_factory=remote.factory)
+    for sched in (thread, ray_sched):
+        # NOTE: the actor's ops take longer than profiled (the hop), which reads as drift;
+        # a background re-profile would then load the CPU in the middle of the comparison
+        sched.profiler = None
+        sched.estimator.freeze()
+        sched.estimator.on_drift = None
     await thread.start()
     await ray_sched.start()
     try:
