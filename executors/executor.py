@@ -38,6 +38,8 @@ class Executor:
     it is called in the worker thread. Subclasses override `_thread_init` and `_run`.
     """
 
+    recovers = False  # whether a dead executor may come back (a restarted Ray actor)
+
     def __init__(self, device: Device, run_op: RunOp, on_done: OnDone,
                  loop: asyncio.AbstractEventLoop | None, intra_op_threads: int = 1) -> None:
         self.device = device

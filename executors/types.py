@@ -52,30 +52,45 @@ class OpRole(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Device:
-    """A device slicegate schedules on: `cuda:N`, or a virtual CPU device `cpu:N`."""
+    """A device slicegate schedules on: `cuda:N`, or a virtual CPU device `cpu:N`; with a
+    node prefix (`NODE/cpu:0`, `NODE/cuda:1`) a device of another Ray node."""
 
     name: str
     memory_bytes: int  # budget for weights + KV + activations
 
     def __post_init__(self) -> None:
-        kind, _, index = self.name.partition(":")
-        if kind not in ("cpu", "cuda") or not index.isdigit():
-            raise ValueError(f"device {self.name!r}: use cpu:N or cuda:N")
+        node, _, local = self.name.rpartition("/")
+        kind, _, index = local.partition(":")
+        if kind not in ("cpu", "cuda") or not index.isdigit() or "/" in node:
+            raise ValueError(f"device {self.name!r}: use cpu:N, cuda:N or NODE/cpu:N")
         if self.memory_bytes <= 0:
             raise ValueError(f"device {self.name}: memory budget must be > 0")
 
     @property
+    def node(self) -> str | None:
+        """The Ray node of a remote device (an IP address, node id or resource name)."""
+        return self.name.rpartition("/")[0] or None
+
+    @property
+    def local_name(self) -> str:
+        """The name on its own host: `cpu:0` for `NODE/cpu:0`."""
+        return self.name.rpartition("/")[2]
+
+    @property
     def torch_device(self) -> torch.device:
-        # NOTE: every virtual CPU device is torch's one CPU device, with its own thread
+        # NOTE: every virtual CPU device is torch's one CPU device, with its own thread;
+        # a remote device's tensors live in its actor (here: shapes only, on `meta`)
+        if self.node is not None:
+            return torch.device("meta")
         return torch.device("cpu") if self.kind == "cpu" else torch.device(self.name)
 
     @property
     def kind(self) -> str:
-        return self.name.partition(":")[0]
+        return self.local_name.partition(":")[0]
 
     @property
     def index(self) -> int:
-        return int(self.name.partition(":")[2])
+        return int(self.local_name.partition(":")[2])
 
 
 @dataclass(eq=False, slots=True)

@@ -33,6 +33,7 @@ _OVERRIDES = {
     "max_queued_requests": "scheduler.max_queued_requests",
     "max_queued_tokens": "scheduler.max_queued_tokens",
     "max_low_wait_s": "scheduler.max_low_wait_s", "fault_rate": "scheduler.fault_rate",
+    "ray_address": "scheduler.ray_address",
     "tenants": "tenants_file", "host": "server.host",
     "port": "server.port", "drain_timeout": "server.drain_timeout_s",
     "request_timeout": "server.request_timeout_s", "log_level": "server.log_level",
@@ -53,7 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--generation-config", metavar="auto|none|DIR",
                    help="sampling defaults for what requests omit: the model folder's "
                         "generation_config.json (auto, the default), none, or DIR's")
-    s.add_argument("--devices", help="e.g. cuda:0,cuda:1 (default: every GPU, else cpu:0,cpu:1)")
+    s.add_argument("--devices", help="e.g. cuda:0,cuda:1 (default: every GPU, else cpu:0,cpu:1);"
+                                     " with --ray-address NODE/cpu:0,NODE/cuda:0 (NODE: an IP "
+                                     "address, node id or custom resource) or ray:all (default)")
+    s.add_argument("--ray-address", metavar="ADDRESS|auto",
+                   help="serve from the devices of a Ray cluster (needs pip install '.[ray]')")
     s.add_argument("--device-memory-gib", type=float, help="memory budget per device")
     s.add_argument("--policy", choices=POLICIES)
     s.add_argument("--kv-cache-gib", type=float, help="KV cache per device (default: what the "
@@ -88,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
     overrides: dict[str, Any] = {key: getattr(args, dest) for dest, key in _OVERRIDES.items()
                                  if getattr(args, dest) is not None}
+    if args.ray_address is not None and args.devices is None:
+        overrides["scheduler.devices"] = "ray:all"  # NOTE: a cluster's default: all of it
     return load_config(args.config, overrides)
 
 

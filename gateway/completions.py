@@ -29,6 +29,7 @@ from gateway.state import AppState, state_of
 from gateway.streaming import EventStreamResponse, sse_body, wait_for_disconnect
 from gateway.tenants import Tenant, effective_priority
 from models.sampling_params import SamplingParams
+from scheduler.api import NO_DEVICE
 from scheduler.ieg import Request as SchedulerRequest
 from scheduler.ieg import SubmitError
 
@@ -121,8 +122,11 @@ async def collect(job: Job, prompt_param: str) -> dict[str, Any]:
         async for delta in deltas:
             texts[delta.index] += delta.text
             if delta.finish_reason == "error":
-                raise ApiError(500, f"Generation failed: {delta.error} (request id "
-                                    f"{job.format.id}).", code="generation_error")
+                # NOTE: ended because no device is left: 503, the server may recover
+                gone = (delta.error or "").startswith(NO_DEVICE)
+                raise ApiError(503 if gone else 500, f"Generation failed: {delta.error} "
+                               f"(request id {job.format.id}).",
+                               code="unavailable" if gone else "generation_error")
             if delta.finish_reason is not None:
                 finishes[delta.index] = delta.finish_reason
     except SubmitError as exc:  # a scheduler that refuses lazily, at the first event

@@ -4,7 +4,8 @@ A config file mirrors the tree (every key optional)::
 
     model:     {spec: default, served_model_name: null, dtype: bfloat16, max_model_len: null,
                 generation_config: auto}
-    scheduler: {devices: "cpu:0,cpu:1", device_memory_gib: null, policy: slice}
+    scheduler: {devices: "cpu:0,cpu:1", device_memory_gib: null, policy: slice,
+                ray_address: null}
     server:    {host: 127.0.0.1, port: 8000, drain_timeout_s: 30, request_timeout_s: 600}
     batch:     {data_dir: null, max_file_bytes: 104857600, max_file_lines: 50000}
     tenants_file: tenants.yaml
@@ -127,9 +128,19 @@ class SchedulerSettings:
     max_queued_tokens: Any = None  # prompt tokens, same forms
     max_low_wait_s: float | None = None  # age low requests into normal after this wait
     fault_rate: float = 0.0  # testing only: fraction of compute ops made to fail
+    ray_address: str | None = None  # a Ray cluster (or "auto"): devices are NODE/cpu:N, ...
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "devices", parse_devices(self.devices))
+        remote = [d for d in self.devices if "/" in d or d == factory.RAY_ALL]
+        _require(self.ray_address is None or (isinstance(self.ray_address, str)
+                                              and bool(self.ray_address)),
+                 "scheduler.ray_address", "a Ray address or 'auto'")
+        _require(self.ray_address is not None or not remote, "scheduler.devices",
+                 f"{remote[0] if remote else ''} is on a Ray cluster: give --ray-address")
+        _require(self.ray_address is None or len(remote) == len(self.devices),
+                 "scheduler.devices", "with a Ray cluster every device is NODE/cpu:N, "
+                 "NODE/cuda:N or ray:all")
         for key in ("max_queued_requests", "max_queued_tokens"):
             object.__setattr__(self, key, parse_queue_bounds(getattr(self, key),
                                                              f"scheduler.{key}"))

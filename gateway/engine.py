@@ -13,6 +13,7 @@ import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from executors.types import Priority
+from gateway.cluster import ray_scheduler
 from gateway.config import GatewayConfig, SchedulerSettings
 from gateway.sampling_defaults import SamplingDefaults, load_sampling_defaults
 from models.loader import load
@@ -138,13 +139,16 @@ def queue_bounds(cfg: SchedulerConfig, requests: dict[str, int] | None,
 
 def build_engine(config: GatewayConfig) -> Engine:
     """Load `config.model`, profile (or load cached) estimators, build the scheduler."""
+    if config.scheduler.ray_address is not None:
+        model = load(config.model.spec, dtype=config.model.dtype, threads=cpu_threads(1))
+        cfg = scheduler_config(config.scheduler, _max_len(model, config))
+        return engine_for_model(model, ray_scheduler(model, config, cfg,
+                                                     device_memory_gib(config)), config)
     devices = parse_devices(list(config.scheduler.devices), device_memory_gib(config))
     # NOTE: kernels are chosen for the intra-op threads the CPU executors will run on
     threads = cpu_threads(sum(d.kind == "cpu" for d in devices))
     model = load(config.model.spec, dtype=config.model.dtype, threads=threads)
-    limit = model.config.max_position_embeddings
-    max_len = min(config.model.max_model_len or limit, limit)
-    cfg = scheduler_config(config.scheduler, max_len)
+    cfg = scheduler_config(config.scheduler, _max_len(model, config))
     factory = None
     if config.scheduler.fault_rate > 0:
         logger.warning("TESTING: %.2f%% of operators will fail (--fault-rate)",
@@ -152,3 +156,8 @@ def build_engine(config: GatewayConfig) -> Engine:
         factory = faulty(default_factory(threads), config.scheduler.fault_rate)
     sched = build_scheduler(model, devices, cfg, executor_factory=factory)
     return engine_for_model(model, sched, config)
+
+
+def _max_len(model: Model, config: GatewayConfig) -> int:
+    limit = model.config.max_position_embeddings
+    return min(config.model.max_model_len or limit, limit)

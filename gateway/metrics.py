@@ -85,6 +85,11 @@ class _StatsCollector:
         yield _by_key(GaugeMetricFamily("slicegate_queued_prompt_tokens",
                                         "Prompt tokens of the requests waiting, per class.",
                                         labels=["priority"]), s.queued_tokens.items())
+        yield _by_key(GaugeMetricFamily("slicegate_device_up",
+                                        "1 while a device's executor is up; 0 while it is "
+                                        "down (a lost Ray node, until its actor is back).",
+                                        labels=["device"]),
+                      ((d, 1.0 if up else 0.0) for d, up in s.device_up.items()))
         healthy = GaugeMetricFamily("slicegate_healthy",
                                     "1 while the scheduler runs, its rounds succeed and every "
                                     "executor is alive.")

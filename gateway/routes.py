@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -72,11 +73,16 @@ async def health(request: Request) -> Response:
         return json_response({"status": "draining"}, status_code=503)
     stats = state.engine.scheduler.stats()
     if not stats.healthy:
-        return json_response({"status": "unhealthy", "detail": stats.health_detail},
-                             status_code=503)
+        body: dict[str, Any] = {"status": "unhealthy", "detail": stats.health_detail}
+        if stats.device_detail:
+            body["devices"] = stats.device_detail
+        return json_response(body, status_code=503)
     problem = state.batches.problem
     if problem is not None:
         return json_response({"status": "unhealthy", "detail": problem}, status_code=503)
+    if stats.device_detail:  # remote devices: each one's state (a lost one may come back)
+        status = "ok" if all(stats.device_up.values()) else "degraded"
+        return json_response({"status": status, "devices": stats.device_detail})
     return json_response({"status": "ok"})
 
 

@@ -1,4 +1,4 @@
-"""`python -m scheduler bench overhead|estimators|simulator|policies [--json FILE]`."""
+"""`python -m scheduler bench overhead|estimators|simulator|policies|capacity|scaling ...`."""
 
 from __future__ import annotations
 
@@ -6,11 +6,12 @@ import logging
 import sys
 from collections.abc import Callable
 
-from scheduler.bench import capacity, estimators, overhead, policies, simulator
+from scheduler.bench import capacity, estimators, overhead, policies, scaling, simulator
 
 BENCHES: dict[str, Callable[[list[str] | None], object]] = {
     "overhead": overhead.main, "estimators": estimators.main,
-    "simulator": simulator.main, "policies": policies.main, "capacity": capacity.main}
+    "simulator": simulator.main, "policies": policies.main, "capacity": capacity.main,
+    "scaling": scaling.main}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 from scheduler.ieg import Request, TokenEvent
 
+NO_DEVICE = "no device is available"  # starts the error of requests ended by it (HTTP 503)
 ROUND_BUCKETS_S = (1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5)
 
 
@@ -56,6 +57,9 @@ class SchedulerStats:
     errors_total: int = 0  # exceptions caught in rounds and completion handlers, cumulative
     healthy: bool = True  # False while rounds keep failing, or once the task or an executor died
     health_detail: str | None = None  # why it is not healthy
+    device_up: dict[str, bool] = field(default_factory=dict)  # device -> its executor is up
+    device_detail: dict[str, dict[str, Any]] = field(default_factory=dict)  # device -> state,
+    # times lost, last error (remote devices)
 
 
 class SchedulerAPI(Protocol):

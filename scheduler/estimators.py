@@ -72,9 +72,13 @@ def group_size(op_name: str) -> int | None:
 
 
 def device_kind(name: str) -> str:
-    """`cpu` for `cpu:N`; the GPU's name for `cuda:N` (`cuda` when CUDA is absent)."""
-    if name.startswith("cpu"):
+    """`cpu` for `cpu:N`; the GPU's name for `cuda:N` (`cuda` when CUDA is absent, or for a
+    remote `NODE/cuda:N`, whose name is not known here)."""
+    remote, _, local = name.rpartition("/")
+    if local.startswith("cpu"):
         return "cpu"
+    if remote:
+        return "cuda"
     import torch  # NOTE: local so that reading estimators never initialises CUDA eagerly
 
     dev = Device(name, 1)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from executors.cuda import CudaExecutor
 from executors.executor import Executor, OnDone, RunOp, link
 from executors.memory import MemoryLedger
+from executors.remote_kv import RemoteKVCache
 from executors.runner import ModelRunner
 from executors.types import Device, OpInstance, OpState
 from models.batch import BatchShape
@@ -30,6 +31,13 @@ class ExecutorLike(Protocol):
     def notify(self) -> None: ...
     def start(self) -> None: ...
     def stop(self) -> None: ...
+
+
+@runtime_checkable
+class Releases(Protocol):
+    """An executor whose ops' outputs live elsewhere (a Ray actor) and are dropped there."""
+
+    def release(self, ops: list[OpInstance]) -> None: ...
 
 
 # NOTE: the loop argument is None: executors call `on_done` on their worker thread, and the
@@ -56,7 +64,7 @@ def kv_pools(model: Model, devices: list[Device], ledgers: dict[str, MemoryLedge
     per_block = KVCache.bytes_per_block(c.num_layers, cfg.block_size, c.num_kv_heads,
                                         c.head_dim, model.dtype)
     reserve = activation_reserve(model, cfg)
-    pools = {}
+    pools: dict[str, KVCache] = {}
     for d in devices:
         ledger = ledgers[d.name]
         # NOTE: virtual CPU devices share one copy of the weights but each counts it, as GPUs do
@@ -67,8 +75,13 @@ def kv_pools(model: Model, devices: list[Device], ledgers: dict[str, MemoryLedge
             raise ValueError(f"{d.name}: {d.memory_bytes / 2**30:.2f} GiB leaves no room for KV "
                              f"after {model.template.weight_bytes / 2**30:.2f} GiB of weights and "
                              f"{reserve / 2**30:.2f} GiB of activations; raise the budget")
-        pools[d.name] = model.new_kv_cache(int(num_blocks), cfg.block_size,
-                                           device=d.torch_device)
+        if d.node is not None:  # NOTE: a remote device's storage is in its actor
+            c = model.config
+            pools[d.name] = RemoteKVCache(range(c.num_layers), int(num_blocks), cfg.block_size,
+                                          c.num_kv_heads, c.head_dim, model.dtype)
+        else:
+            pools[d.name] = model.new_kv_cache(int(num_blocks), cfg.block_size,
+                                               device=d.torch_device)
         if cfg.prefix_caching:
             pools[d.name].allocator = CachingAllocator(int(num_blocks), cfg.block_size)
         ledger.reserve("kv", pools[d.name].num_bytes)
@@ -136,6 +149,12 @@ class Execution:
 
     def release(self, ops: list[OpInstance]) -> None:
         """A plan is over: give back receive buffers and drop activations."""
+        by_dev: dict[str, list[OpInstance]] = {}
+        for op in ops:
+            by_dev.setdefault(op.device, []).append(op)
+        for dev, group in by_dev.items():
+            if isinstance(ex := self.executors.get(dev), Releases):
+                ex.release(group)
         for op in ops:
             if op.held_bytes:
                 self.ledgers[op.device].release("activations", op.held_bytes)
@@ -150,6 +169,13 @@ class Execution:
         ex = self.executors.get(device)
         return ex is not None and ex.alive
 
+    def down(self) -> set[str]:
+        """Devices whose executor is not up (a lost Ray node, a dead worker thread)."""
+        return {d for d, e in self.executors.items() if not e.alive}
+
     @property
     def healthy(self) -> bool:
-        return all(e.alive for e in self.executors.values())
+        """Every executor that cannot come back alive, and some device up."""
+        return all(e.alive for e in self.executors.values()
+                   if not getattr(e, "recovers", False)) and (
+            not self.executors or len(self.down()) < len(self.executors))

@@ -15,7 +15,8 @@ from scheduler.profiling import cpu_hosts, fallback_coefficients, load_or_profil
 from scheduler.reprofile import PairProfiler
 from scheduler.scheduler import Scheduler
 
-_DEVICE = re.compile(r"^(cuda|cpu):\d+$")
+_DEVICE = re.compile(r"^([^/\s]+/)?(cuda|cpu):\d+$")
+RAY_ALL = "ray:all"  # every device of a Ray cluster (executors/ray_cluster.py)
 
 
 def default_devices() -> list[str]:
@@ -25,16 +26,20 @@ def default_devices() -> list[str]:
 
 
 def device_names(spec: str | list[str] | tuple[str, ...] | None) -> list[str]:
-    """`cpu:0,cpu:1` (or a list) -> validated device names; None = `default_devices()`."""
+    """`cpu:0,cpu:1` (or a list) -> validated device names; None = `default_devices()`.
+    On a Ray cluster: `NODE/cpu:0,NODE/cuda:1` or `ray:all`."""
     if spec is None:
         spec = default_devices()
     items = spec.split(",") if isinstance(spec, str) else list(spec)
     names = [str(n).strip() for n in items if str(n).strip()]
     if not names:
         raise ValueError("give at least one device (cuda:N or cpu:N)")
+    if names == [RAY_ALL]:
+        return names
     for name in names:
         if not _DEVICE.match(name):
-            raise ValueError(f"{name!r} is not cuda:N or cpu:N")
+            raise ValueError(f"{name!r} is not cuda:N or cpu:N (on a Ray cluster: "
+                             f"NODE/cuda:N, NODE/cpu:N or {RAY_ALL})")
     if len(set(names)) != len(names):
         raise ValueError(f"a device is listed twice: {','.join(names)}")
     return names
@@ -45,11 +50,23 @@ def parse_devices(spec: str | list[str] | None, memory_gib: float) -> list[Devic
     return [Device(n, int(memory_gib * 2**30)) for n in device_names(spec)]
 
 
+def profiled_as(devices: list[Device]) -> list[Device]:
+    """The devices to profile here: the local ones, and for remote CPU devices as many local
+    stand-ins (`cpu:N`, the same kind: the fit is refined online from the actors' timings).
+
+    NOTE: a remote GPU is priced by the fallback until its own timings refit it."""
+    local = [d for d in devices if d.node is None]
+    taken = {d.name for d in local}
+    spare = (f"cpu:{i}" for i in range(len(devices) + len(taken)) if f"cpu:{i}" not in taken)
+    return local + [Device(next(spare), d.memory_bytes) for d in devices
+                    if d.node is not None and d.kind == "cpu"]
+
+
 def build_scheduler(model: Model, devices: list[Device], cfg: SchedulerConfig,
                     estimators: Estimators | None = None,
                     executor_factory: ExecutorFactory | None = None) -> Scheduler:
     """Profile (or load cached) estimators, then make the scheduler; refits stay online."""
-    est = estimators or load_or_profile(model, devices)
+    est = estimators or load_or_profile(model, profiled_as(devices))
     bandwidth = est.copy_bandwidth_bytes_s or FALLBACK_BANDWIDTH_BYTES_S
     est.fallback_op = fallback_coefficients(model.template, bandwidth / FALLBACK_MARGIN)
     sched = Scheduler(model, devices, cfg.policy, est.op_time, est.transfer_time, cfg,
@@ -58,7 +75,7 @@ def build_scheduler(model: Model, devices: list[Device], cfg: SchedulerConfig,
         est.set_interference(est.interference.with_hosts(cpu_hosts([d.name for d in devices])))
     gmg = sched.gmg
     gmg.interference = est.interference  # the simulator slows ops overlapping on a host
-    sched.profiler = PairProfiler(model, est, devices=[d.name for d in devices],
+    sched.profiler = PairProfiler(model, est, devices=[d.name for d in devices if d.node is None],
                                   idle=lambda: not gmg.scheduled)
     est.on_drift = sched.profiler.request_kind
     return sched

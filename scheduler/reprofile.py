@@ -56,8 +56,9 @@ class PairProfiler:
         self.failures = 0
 
     def request(self, pairs: list[tuple[str, str]]) -> None:
-        """Queue pairs to profile (call on the event loop)."""
-        self._queue(pairs)
+        """Queue pairs to profile (call on the event loop). A pair with a remote device
+        (`NODE/...`) is left out: its copies run between Ray actors, not here."""
+        self._queue([p for p in pairs if not any("/" in d for d in p)])
 
     def request_kind(self, kind: str) -> None:
         """Queue a device kind whose ops to profile again (call on the event loop)."""

@@ -26,10 +26,10 @@ from executors.types import Device, OpInstance, OpState, Priority
 from models.batch import BatchSource, SeqSpec
 from models.loader import Model
 from scheduler.admission import EVICTED, DrainRate
-from scheduler.api import SchedulerStats
+from scheduler.api import NO_DEVICE, SchedulerStats
 from scheduler.bookkeeping import Bookkeeping
 from scheduler.config import SchedulerConfig
-from scheduler.decision import RoundDecision
+from scheduler.decision import Preemption, RoundDecision
 from scheduler.execution import Execution, ExecutorFactory, kv_pools
 from scheduler.fairness import FairShare, counter_of
 from scheduler.gmg import GMG
@@ -47,6 +47,7 @@ from scheduler.view import RoundView
 
 logger = logging.getLogger(__name__)
 
+DOWN_POLL_S = 0.5  # while a device is down, a round runs this often (to see it come back)
 _ENDINGS = {"stop": FinishReason.STOP, "error": FinishReason.ERROR}  # abort reason -> finish
 
 
@@ -83,6 +84,7 @@ class Scheduler:
         self._booked: list[OpInstance] = []  # handled ops awaiting estimator and timeline
         self._event_loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
+        self._down_poll: asyncio.TimerHandle | None = None  # the next round while degraded
         self._accepting = False
         self._stopping = False
         self._started_at = clock()
@@ -147,6 +149,8 @@ class Scheduler:
             raise Overloaded("the server is shutting down", retry_after_s=5.0)
         if self.health.task_error is not None:
             raise Overloaded("the scheduler is not running", retry_after_s=5.0)
+        if self.exec.executors and len(self.exec.down()) == len(self.devices):
+            raise Overloaded(f"{NO_DEVICE}: every device is down", retry_after_s=5.0)
         total = len(request.prompt_token_ids) + request.max_tokens
         if total > self.cfg.max_model_len:
             raise RequestTooLarge(f"prompt ({len(request.prompt_token_ids)} tokens) + max_tokens "
@@ -230,6 +234,7 @@ class Scheduler:
     def _round(self) -> None:
         t0 = time.perf_counter()
         try:
+            self._handle_down()
             if self.cfg.max_low_wait_s is not None:
                 self.requests.age(self.clock() - self.cfg.max_low_wait_s)
             view = self._view()
@@ -253,13 +258,32 @@ class Scheduler:
                                   f"row: {type(e).__name__}: {e}")
         asyncio.get_running_loop().call_later(retry_s, self._wake.set)
 
+    def _handle_down(self) -> None:
+        """Lost devices: the requests holding KV there are recomputed on the others (back
+        to the head of their queue); with no device left, the requests not in flight end."""
+        down = self.exec.down()
+        if not down:
+            return
+        for s in list(self.states.values()):
+            if s.status is Status.RUNNABLE and s.ending is None and down & set(s.placement or ()):
+                lost = ", ".join(sorted(down & set(s.placement or ())))
+                self._guard((s.rid,), partial(self.requests.preempt,
+                                              Preemption(s.rid, f"device {lost} lost")))
+        if len(down) == len(self.devices):
+            for s in [s for s in self.states.values() if not s.in_flight]:
+                self._fail(s, f"{NO_DEVICE}: every device is down")
+        loop = asyncio.get_running_loop()
+        if self._down_poll is None or self._down_poll.when() <= loop.time():
+            self._down_poll = loop.call_later(DOWN_POLL_S, self._wake.set)
+
     def _view(self) -> RoundView:
         now = self.clock()
         runnable, running, waiting = self.requests.views()
         pools = self.kv.pools
         snap = self.gmg.snapshot(now) if self.policy.uses_simulation else None
         return RoundView(
-            now, self.cfg, tuple(self.devices), len(self.model.template.ops), waiting, runnable,
+            now, self.cfg, tuple(d for d in self.devices if d not in self.exec.down()),
+            len(self.model.template.ops), waiting, runnable,
             running,
             {d: p.allocator.num_free for d, p in pools.items()},
             {d: int(self.cfg.kv_watermark * p.allocator.num_blocks) for d, p in pools.items()},
@@ -428,6 +452,19 @@ class Scheduler:
             self._wake.set()
 
     def _on_fault(self, op: OpInstance, plan: Plan) -> None:
+        down = self.exec.down()
+        if down & {o.device for o in plan.ops}:
+            if len(down) < len(self.devices):
+                # NOTE: a lost device: the plan is withdrawn, and its requests are recomputed
+                # on the devices left (`_handle_down`): a delay for the clients, not an error
+                self.inflight.cancel(plan)
+                self.exec.cancel(plan.ops)
+                if not any(o.state is OpState.RUNNING for o in plan.ops):
+                    self._plan_done(plan)
+                return
+            self._abandon(plan, f"{NO_DEVICE}: {op.name} failed on {op.device}: {op.error}")
+            self._wake.set()
+            return
         if op.attempts < self.cfg.max_op_attempts and self.exec.alive(op.device):
             self.exec.retry(op)  # NOTE: only this op re-runs; its dependents are still queued
             return

@@ -6,7 +6,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from executors.types import Priority
-from scheduler.api import SchedulerStats
+from scheduler.api import NO_DEVICE, SchedulerStats
 
 if TYPE_CHECKING:
     from scheduler.scheduler import Scheduler
@@ -19,6 +19,9 @@ def collect(s: Scheduler) -> SchedulerStats:
         key = (st.req.tenant, st.priority.label)
         (running if st.status.holds_kv else waiting)[key] += 1
     problem = s.health.problem(s.exec.healthy)
+    down = s.exec.down()
+    if problem is not None and s.devices and len(down) == len(s.devices):
+        problem = f"{NO_DEVICE}: every device is down ({', '.join(sorted(down))})"
     wall = max(1e-9, s.clock() - s._started_at)
     est = s.estimator
     if est is not None:
@@ -38,7 +41,10 @@ def collect(s: Scheduler) -> SchedulerStats:
         slowdown=dict(est.interference.slowdown) if est is not None and est.interference else {},
         fairness_jain=s.fair.jain(),
         queued_tokens={p.label: s.requests.waiting.tokens(p) for p in Priority},
-        errors_total=s.health.errors_total, healthy=problem is None, health_detail=problem)
+        errors_total=s.health.errors_total, healthy=problem is None, health_detail=problem,
+        device_up={d: d not in down for d in s.exec.executors},
+        device_detail={d: describe() for d, e in s.exec.executors.items()
+                       if callable(describe := getattr(e, "describe", None))})
 
 
 def _reprofiles(s: Scheduler) -> dict[str, int]:

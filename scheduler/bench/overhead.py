@@ -85,6 +85,10 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--requests", type=int, default=1000)
     p.add_argument("--block", type=int, default=50)
+    p.add_argument("--executor", choices=("thread", "ray"), default="thread",
+                   help="ray: the thread executor against a Ray actor's, side by side")
+    p.add_argument("--ray-address", default=None,
+                   help="with --executor ray: a cluster to join (default: a local one)")
     p.add_argument("--json", type=Path, default=None)
     a = p.parse_args(argv)
     if a.requests < 1 or a.block < 1:
@@ -92,6 +96,10 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     a.block = min(a.block, a.requests)  # NOTE: fewer requests than a block: one block of them
     torch.set_num_threads(1)  # the executor's worker uses one intra-op thread too
     model = load(a.model, dtype=a.dtype)
+    if a.executor == "ray":
+        from scheduler.bench.rayhop import run_ray  # NOTE: Ray is an optional extra
+
+        return run_ray(model, a.model, a.dtype, a.requests, a.block, a.ray_address, a.json)
     rows = asyncio.run(_run(model, a.requests, a.block))
     print("| context | requests | direct ms/req | scheduled ms/req | overhead |")
     print("|---:|---:|---:|---:|---:|")

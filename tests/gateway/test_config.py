@@ -86,12 +86,25 @@ async def test_toml_file(tmp_path: Path) -> None:
     ("server: {drain_timeout_s: 0}\n", "server.drain_timeout_s"),
     ("model: 5\n", "model: expected a mapping"),
     ("model: {generation_config: ''}\n", "model.generation_config"),
+    ("scheduler: {devices: 'box/cpu:0'}\n", "give --ray-address"),
+    ("scheduler: {devices: 'ray:all'}\n", "give --ray-address"),
+    ("scheduler: {devices: 'cpu:0', ray_address: auto}\n", "every device is NODE/cpu:N"),
+    ("scheduler: {devices: 'ray:all,box/cpu:0', ray_address: auto}\n", "stands alone|NODE/"),
 ])
 async def test_invalid(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text(text)
     with pytest.raises(ConfigError, match=message):
         load_config(path)
+
+
+async def test_ray_address_defaults_to_every_device_of_the_cluster() -> None:
+    args = build_parser().parse_args(["serve", "--ray-address", "auto"])
+    assert config_from_args(args).scheduler.devices == ("ray:all",)
+    args = build_parser().parse_args(["serve", "--ray-address", "10.0.0.2:6379", "--devices",
+                                      "10.0.0.2/cpu:0,10.0.0.3/cuda:1"])
+    s = config_from_args(args).scheduler
+    assert s.devices == ("10.0.0.2/cpu:0", "10.0.0.3/cuda:1") and s.ray_address == "10.0.0.2:6379"
 
 
 async def test_server_settings_validate() -> None:
