@@ -48,14 +48,21 @@ def test_fair_order_interleaves_tenants_by_counter() -> None:
     assert [r.rid for r in order[:3]] == ["b0", "b1", "a0"]
 
 
+def distinct(n: int, seed: int) -> list[int]:
+    """A prompt of `n` tokens whose first block no other seed's shares (no prefix cache hits)."""
+    return [3 + seed % 50, 3 + seed // 50] + [3 + (seed + j) % 50 for j in range(n - 2)]
+
+
 @pytest.mark.parametrize("policy", ["slice", "priority"])
 async def test_a_flooding_low_tenant_does_not_starve_another(policy: str) -> None:
     cfg = SchedulerConfig(policy=policy, max_model_len=1024, max_batch_tokens=128,
                           max_decode_seqs=4)
     async with ClusterRun(policy, cfg=cfg, mem=24 << 20) as run:
-        flood = [run.submit(f"a{i}", L, 120, max_tokens=8, tenant="flood") for i in range(60)]
+        flood = [run.submit(f"a{i}", L, 120, max_tokens=8, tenant="flood",
+                            prompt=distinct(120, i)) for i in range(60)]
         await run.run_until(0.05)
-        steady = [run.submit(f"b{i}", L, 120, max_tokens=8, tenant="steady") for i in range(6)]
+        steady = [run.submit(f"b{i}", L, 120, max_tokens=8, tenant="steady",
+                             prompt=distinct(120, 100 + i)) for i in range(6)]
         await run.run_out()
     assert all(o.finish is FinishReason.LENGTH for o in flood + steady)
     ends = sorted(o.finished_at for o in flood + steady if o.finished_at is not None)
