@@ -105,10 +105,14 @@ async def replay(config: ReplayConfig, prompt: PromptFn) -> ReplayResult:
                  if not t.is_closed_loop}
         model = config.model or await first_model(client, config.tenants[0].api_key)
         await _warm_up(client, config, model, prompt, plans)
-        before = await prefix_counters(client)
+        # NOTE: the server's prefix cache counters matter for trace replays (shared prompt
+        # blocks); other workloads' prompts never share a prefix
+        traces = any(block_tokens(t.source) is not None for t in config.tenants)
+        before = await prefix_counters(client) if traces else {}
         run = _Run(config, client, model, prompt)
         result = await run.execute(plans)
-        result.prefix_counters = counter_delta(before, await prefix_counters(client))
+        if traces:
+            result.prefix_counters = counter_delta(before, await prefix_counters(client))
         for t in config.tenants:
             size = block_tokens(t.source)
             sent = [r for r, _ in plans.get(t.name, ())][:sum(1 for rec in result.records

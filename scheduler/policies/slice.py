@@ -142,7 +142,10 @@ class SlicePolicy:
         out = [(single(d, n), [[prefill_feed(draft.on(r, single(d, n)), budget)]])
                for d in view.devices]
         todo = min(budget, r.num_tokens - r.num_computed)
-        if len(view.devices) < 2 or todo < MIN_PIPELINE_TOKENS:
+        if len(view.devices) < 2 or todo < MIN_PIPELINE_TOKENS or r.cached:
+            # NOTE: a cached prefix serves only a placement on the one device holding it
+            # (every layer's KV there), so a request with one is not split: a split would
+            # recompute the prefix, and its own blocks would become reusable only later
             return out
         a, b = sorted(view.devices, key=lambda d: (draft.load(d), d))[:2]
         at = 1 + (n - 2) // 2  # embed + first half of the layer groups

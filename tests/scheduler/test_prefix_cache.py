@@ -40,9 +40,10 @@ async def _run(sched: Scheduler, rid: str, prompt: list[int], salt: str = ""
 
 # (prompt, tokens cached after BASE ran): a shared prefix, a prefix ending mid-block (two
 # full blocks shared, then it differs), the same prompt again (all but its last block),
-# and a prompt that shares nothing
+# a cached prompt of whole blocks (its last block is computed again: the head needs its last
+# token's state), and a prompt that shares nothing
 CASES = [(BASE + [5, 6, 7, 8, 9], 96), (BASE[:40] + [1] * 30, 32), (BASE, 96),
-         ([11] * 50, 0)]
+         (BASE[:96], 80), ([11] * 50, 0)]
 
 
 @pytest.mark.parametrize("policy", ["slice", "fcfs"])
