@@ -26,7 +26,7 @@ from gateway.prompts import resolve_max_tokens
 from gateway.protocol import GenerationOptions
 from gateway.responses import ResponseFormat, json_response
 from gateway.state import AppState, state_of
-from gateway.streaming import EventStreamResponse, sse_body, wait_for_disconnect
+from gateway.streaming import EventStreamResponse, first_delta, sse_body, wait_for_disconnect
 from gateway.tenants import Tenant, effective_priority
 from models.sampling_params import SamplingParams
 from scheduler.api import NO_DEVICE
@@ -105,7 +105,10 @@ async def generate(request: Request, tenant: Tenant, options: GenerationOptions,
     prompt_param = "messages" if chat else "prompt"
     job.submit(prompt_param)
     if options.stream:
-        return EventStreamResponse(sse_body(job, prompt_param), headers=job.headers)
+        started = await first_delta(job, request.receive, prompt_param)
+        if started is None:
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
+        return EventStreamResponse(sse_body(job, prompt_param, started), headers=job.headers)
     result = await _collect_unless_disconnected(job, request.receive, prompt_param)
     if result is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)

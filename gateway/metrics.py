@@ -8,7 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client import Histogram as PromHistogram
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -180,6 +186,7 @@ class GatewayMetrics:
                             ["tenant", "class", "reason"], registry=r)
         self.ttft_slo = Gauge("slicegate_tenant_ttft_slo_seconds", "A tenant's TTFT SLO.",
                               ["tenant", "priority"], registry=r)
+        ProcessCollector(registry=r)  # process_resident_memory_bytes & co (chaos reads RSS)
         self._stats = _StatsCollector(model_name)
         r.register(self._stats)
         self.recent = RecentRequests()  # per-request records for /admin/timeline

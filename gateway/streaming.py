@@ -8,6 +8,7 @@ frees its KV blocks.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
@@ -17,7 +18,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from gateway.errors import envelope, json_bytes
-from gateway.generation import merge
+from gateway.generation import Delta, merge
 from gateway.job import Job
 from scheduler.ieg import SubmitError
 
@@ -38,15 +39,62 @@ async def wait_for_disconnect(receive: Receive) -> None:
             return
 
 
-async def sse_body(job: Job, prompt_param: str) -> AsyncGenerator[bytes, None]:
-    """The SSE events of a job; closing the generator aborts unfinished choices."""
-    fmt = job.format
+async def first_delta(job: Job, receive: Receive, prompt_param: str
+                      ) -> tuple[AsyncGenerator[Delta, None], Delta] | None:
+    """The job's deltas and the first of them, awaited before the response starts, so that a
+    request shed while it waits (evicted for a higher class) still gets its 503 with
+    Retry-After (raised as an ApiError). None when the client went away first.
+
+    NOTE: the 200 and the first token now leave together; before, the headers went out at
+    once and a refusal could only be an error event inside the stream."""
     deltas = merge(job.generations)
+    first = asyncio.ensure_future(anext(deltas))
+    watch = asyncio.ensure_future(wait_for_disconnect(receive))
+    try:
+        await asyncio.wait({first, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        await asyncio.gather(watch, return_exceptions=True)
+    try:
+        if not first.done():
+            first.cancel()
+            await asyncio.gather(first, return_exceptions=True)
+            return None
+        return deltas, first.result()
+    except SubmitError as exc:
+        raise job.refused(exc, prompt_param) from None
+    finally:
+        if not first.done() or first.cancelled() or first.exception() is not None:
+            await _close(job, deltas)
+
+
+async def _close(job: Job, deltas: AsyncGenerator[Delta, None]) -> None:
+    await deltas.aclose()
+    for generation in job.generations:
+        generation.close()
+    job.finish()
+
+
+async def _chain(first: Delta | None, rest: AsyncGenerator[Delta, None]
+                 ) -> AsyncGenerator[Delta, None]:
+    if first is not None:
+        yield first
+    async for delta in rest:
+        yield delta
+
+
+async def sse_body(job: Job, prompt_param: str,
+                   started: tuple[AsyncGenerator[Delta, None], Delta] | None = None
+                   ) -> AsyncGenerator[bytes, None]:
+    """The SSE events of a job (after `started`, what `first_delta` awaited, if given);
+    closing the generator aborts unfinished choices."""
+    fmt = job.format
+    deltas = started[0] if started else merge(job.generations)
     try:
         if fmt.chat:
             for generation in job.generations:
                 yield sse(fmt.role_chunk(generation.index))
-        async for delta in deltas:
+        async for delta in _chain(started[1] if started else None, deltas):
             if delta.finish_reason == "error":
                 yield sse(envelope(f"Generation failed: {delta.error} (request id {fmt.id})",
                                    "server_error", code="generation_error"))

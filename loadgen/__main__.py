@@ -12,6 +12,7 @@ from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
+from loadgen.chaos_cli import add_parser as add_chaos_parser
 from loadgen.client import DIALECTS
 from loadgen.workload import parse_tenants
 
@@ -111,6 +112,8 @@ def _parser() -> argparse.ArgumentParser:
     _replay_parser(sub.add_parser("replay", help="replay tenants' workloads against a server"))
     _bench_parser(sub.add_parser("bench", help="slicegate policies and peers side by side"))
     _probe_parser(sub.add_parser("probe", help="what the serving path adds to a request"))
+    add_chaos_parser(sub.add_parser("chaos", help="overload, faults, dropped streams, "
+                                                  "fuzzing and soak, each against its server"))
     stub = sub.add_parser("stub", help="a model-free OpenAI-compatible server for dry runs",
                           add_help=False)
     stub.set_defaults(fn=None)

@@ -44,6 +44,8 @@ class RequestRecord:
     finish_reason: str | None = None
     status: int = 0  # HTTP status; 0 when no response came back
     error: str | None = None  # None on success
+    retry_after: str | None = None  # the Retry-After header of a refusal (429/503)
+    error_code: str | None = None  # the OpenAI error `code` of a refusal or a stream error
 
     @property
     def ok(self) -> bool:
@@ -125,7 +127,9 @@ async def stream_completion(client: httpx.AsyncClient, call: CompletionCall,
                                  headers=call.headers()) as response:
             record.status = response.status_code
             if response.status_code != 200:
-                record.error = _error_text(await response.aread())
+                record.retry_after = response.headers.get("retry-after")
+                body = await response.aread()
+                record.error, record.error_code = _error_text(body), _error_code(body)
             else:
                 await _read_stream(response, record, origin)
     except asyncio.CancelledError:
@@ -169,7 +173,8 @@ def _parse_chunk(data: str) -> dict[str, Any]:
 
 def _on_chunk(chunk: dict[str, Any], record: RequestRecord, t: float) -> None:
     if "error" in chunk:
-        record.error = _error_text(json.dumps(chunk).encode())
+        body = json.dumps(chunk).encode()
+        record.error, record.error_code = _error_text(body), _error_code(body)
         return
     for choice in chunk.get("choices") or ():
         text, finish = choice.get("text"), choice.get("finish_reason")
@@ -187,6 +192,14 @@ def _on_chunk(chunk: dict[str, Any], record: RequestRecord, t: float) -> None:
         details = usage.get("prompt_tokens_details")
         if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
             record.cached_tokens = details["cached_tokens"]
+
+
+def _error_code(body: bytes) -> str | None:
+    try:
+        code = json.loads(body)["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return str(code) if code is not None else None
 
 
 def _error_text(body: bytes) -> str:

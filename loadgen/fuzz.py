@@ -37,19 +37,23 @@ class FuzzResult:
         return {**asdict(self), "failures": self.failures}
 
 
-def schemathesis_command(url: str, max_examples: int, seed: int, workers: int = 1
-                         ) -> list[str]:
+def schemathesis_command(url: str, max_examples: int, seed: int, workers: int = 1,
+                         headers: tuple[str, ...] = ()) -> list[str]:
     return [sys.executable, "-m", "schemathesis.cli", "run", f"{url}/openapi.json",
             "--checks", ",".join(CHECKS), "--max-examples", str(max_examples),
             "--seed", str(seed), "--workers", str(workers), "--no-color",
-            "--generation-database", "none", "--request-timeout", "120"]
+            "--generation-database", "none", "--request-timeout", "120",
+            *(arg for h in headers for arg in ("--header", h))]
 
 
 def run_schemathesis(url: str, max_examples: int, seed: int, out: Path,
-                     timeout_s: float = 3600.0, workers: int = 1) -> FuzzResult:
-    """Run schemathesis (in `out`, where it may write reports) and summarise its output."""
+                     timeout_s: float = 3600.0, workers: int = 1,
+                     headers: tuple[str, ...] = ()) -> FuzzResult:
+    """Run schemathesis (in `out`, where it may write reports) and summarise its output;
+    `headers` ("Name: value") go with every request."""
     out.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(schemathesis_command(url, max_examples, seed, workers), cwd=out,
+    command = schemathesis_command(url, max_examples, seed, workers, headers)
+    proc = subprocess.run(command, cwd=out,
                           capture_output=True, text=True, timeout=timeout_s, check=False)
     text = proc.stdout + proc.stderr
     (out / "schemathesis.txt").write_text(text)

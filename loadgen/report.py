@@ -167,7 +167,25 @@ def build_report(result: ReplayResult, slo_s: float | None = None) -> dict[str, 
         },
         "devices": devices_summary(result),
         "prefix_cache": prefix_summary(result),
+        "fairness_jain": fairness(tenants),
     }
+
+
+def jain_index(values: Sequence[float]) -> float | None:
+    """Jain's fairness index (sum x)^2 / (n sum x^2): 1 when all equal; None for no values."""
+    square = sum(x * x for x in values)
+    if not values:
+        return None
+    return 1.0 if square == 0 else sum(values) ** 2 / (len(values) * square)
+
+
+def fairness(tenants: dict[str, dict[str, Any]]) -> dict[str, float | None]:
+    """Jain's index of output tok/s among the interactive tenants (those judged by an SLO)
+    and among the batch tenants, for groups of two or more."""
+    groups: dict[str, list[float]] = {"interactive": [], "batch": []}
+    for t in tenants.values():
+        groups["interactive" if t["slo_s"] is not None else "batch"].append(t["output_tok_s"])
+    return {name: jain_index(v) for name, v in groups.items() if len(v) > 1}
 
 
 def _ms(value: float | None) -> str:
@@ -220,6 +238,9 @@ def format_markdown(report: dict[str, Any]) -> str:
         f"{total['num_errors']} errors of {total['num_requests']} requests.", "",
         *tenant_table(report), "",
     ]
+    if report.get("fairness_jain"):
+        lines += ["Jain's fairness index of output tok/s: " + ", ".join(
+            f"{k} {v:.3f}" for k, v in report["fairness_jain"].items() if v is not None), ""]
     for name, t in report["tenants"].items():
         lines.append(f"- {name}: {t['source']}"
                      + (f"; errors {t['errors_by_status']}" if t["errors_by_status"] else ""))

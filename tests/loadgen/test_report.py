@@ -12,7 +12,9 @@ from loadgen.probe import parse_tenant_slos
 from loadgen.replay import ReplayResult
 from loadgen.report import (
     build_report,
+    fairness,
     format_markdown,
+    jain_index,
     resolve_slos,
     slo_attainment,
     tokens_within,
@@ -172,3 +174,11 @@ def test_no_op_in_the_window_is_reported() -> None:
     report = build_report(_result([OpSpan("cpu:0", 1.0, 2.0)]))
     assert report["devices"] == {"available": False,
                                  "reason": "no timeline op falls in the replay window"}
+
+
+def test_jain_index_and_fairness_groups() -> None:
+    assert jain_index([]) is None and jain_index([0.0, 0.0]) == 1.0
+    assert jain_index([3.0, 1.0]) == pytest.approx(16 / 20)
+    tenants = {"a": {"slo_s": 0.5, "output_tok_s": 10.0}, "b": {"slo_s": 0.5, "output_tok_s": 10.0},
+               "c": {"slo_s": None, "output_tok_s": 5.0}}
+    assert fairness(tenants) == {"interactive": 1.0}
