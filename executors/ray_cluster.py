@@ -25,7 +25,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from executors.executor import OnDone, RunOp
 from executors.memory import MemoryLedger
 from executors.ray_actor import ActorSpec, DeviceActor
-from executors.ray_executor import RayExecutor, Remote
+from executors.ray_executor import LOST, RayExecutor, Remote
 from executors.remote_kv import RemoteKVCache
 from executors.runner import ModelRunner
 from executors.types import Device
@@ -145,11 +145,15 @@ class RayDevices:
         ledger: MemoryLedger = run_op.ledgers[device.name]
         actor = self.actors[device.name]
         num_blocks, block_size = pool.allocator.num_blocks, pool.block_size
-        ray.get(actor.configure.remote(num_blocks, block_size))
         remote = Remote(actor, num_blocks, block_size, self.peers)
         last = len(run_op.model.template.ops) - 1
-        return RayExecutor(device, remote, ledger, last,
-                           pool if isinstance(pool, RemoteKVCache) else None, on_done, loop)
+        proxy = RayExecutor(device, remote, ledger, last,
+                            pool if isinstance(pool, RemoteKVCache) else None, on_done, loop)
+        try:
+            ray.get(actor.configure.remote(num_blocks, block_size))
+        except LOST as e:  # NOTE: its node went away since start: down until it is back
+            proxy.lose(e)
+        return proxy
 
     def profile_pairs(self, tokens: Sequence[int] = (1, 64, 512), repeats: int = 5
                       ) -> dict[tuple[str, str], tuple[list[int], list[float]]]:

@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 HEARTBEAT_S = 0.5  # how often the proxy asks its actor whether it is up
 PING_TIMEOUT_S = 10.0  # an actor that does not answer a ping within this is lost
-_LOST = (RayActorError, GetTimeoutError)  # the actor (or its node) is gone
+LOST = (RayActorError, GetTimeoutError)  # the actor (or its node) is gone
 
 
 class DeviceLost(RuntimeError):
@@ -110,7 +110,7 @@ class RayExecutor(Executor):
             return self._send(op)
         except RayTaskError as e:  # the op raised inside the actor: an op fault
             raise RuntimeError(f"{op.name} failed on {self.device.name}: {e.cause!r}") from None
-        except _LOST as e:
+        except LOST as e:
             self.lose(e)
             raise DeviceLost(f"device {self.device.name} lost: {type(e).__name__}") from None
 
@@ -150,7 +150,7 @@ class RayExecutor(Executor):
         peer = self.remote.peers[op.peer.device]
         try:
             ray.get(peer.remote.actor.pull.remote(op.peer.op_id, tensor))
-        except _LOST as e:
+        except LOST as e:
             peer.check()
             raise RuntimeError(f"transfer to {op.peer.device} failed: {type(e).__name__}"
                                ) from None
@@ -197,7 +197,7 @@ class RayExecutor(Executor):
         try:
             ray.get(self.remote.actor.ping.remote(), timeout=PING_TIMEOUT_S)
             return True
-        except _LOST as e:
+        except LOST as e:
             self.lose(e)
             return False
 
@@ -217,7 +217,7 @@ class RayExecutor(Executor):
             ray.get(self.remote.actor.ping.remote(), timeout=PING_TIMEOUT_S)
             ray.get(self.remote.actor.configure.remote(self.remote.num_blocks,
                                                        self.remote.block_size))
-        except _LOST:
+        except LOST:
             return
         with self._cond:
             self.alive, self.state = True, "up"

@@ -52,13 +52,17 @@ class Nodes:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Nodes]:
-    nodes = Nodes()
-    connect(nodes.cluster.address)
-    try:
-        yield nodes
-    finally:
-        ray.shutdown()
-        nodes.cluster.shutdown()
+    # NOTE: Ray's memory monitor kills workers when the machine's memory is nearly full;
+    # on a shared test machine that is someone else's memory, so it is off for these nodes
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("RAY_memory_monitor_refresh_ms", "0")
+        nodes = Nodes()
+        connect(nodes.cluster.address)
+        try:
+            yield nodes
+        finally:
+            ray.shutdown()
+            nodes.cluster.shutdown()
 
 
 @pytest.fixture(scope="module")
