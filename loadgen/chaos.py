@@ -193,13 +193,18 @@ class Chaos:
         started = time.monotonic()
         server = self.start(name, *flags)
         row = Row(name, goal, False, classify(()))
+        watch = probe.HealthWatch(server.client)
         try:
             await self.run_load(server, self.tenants({"batch-b": 2.0}, 1.0))  # warm-up
             row.rss_start_mib = mib(await probe.rss_bytes(server.client))
-            watch = probe.HealthWatch(server.client)
             watch.start()
             await body(server, row)
             return await self.finish_row(row, server, watch, started)
+        except httpx.HTTPError as exc:  # NOTE: the server died (e.g. killed for memory)
+            await watch.stop()
+            row.healthy, row.met = False, False
+            row.details["error"] = f"{type(exc).__name__}: {exc}"
+            return row
         finally:
             await server.client.aclose()
             row.details["exit_code"] = server.running.stop()

@@ -142,6 +142,7 @@ async def soak(ch: Chaos) -> Row:
         row.outcomes = classify(result.records)
         chat = [r for r in result.records if r.tenant in INTERACTIVE]
         row.interactive_slo, row.interactive_admitted = slo_attainment(chat, c.slo_ms / 1000)
+        row.details["rss_mib_by_s"] = [(round(t), round(rss / 2**20)) for t, rss in samples]
         warm = [rss for t, rss in samples if t >= 0.2 * c.soak_s]
         if len(warm) >= 2:
             row.details["rss_after_warmup_mib"] = round(warm[0] / 2**20, 1)
