@@ -26,6 +26,8 @@ from scheduler.policies.common import (
     chunk_feeds,
     decode_plans,
     issue_plan,
+    placed,
+    placements,
     preempt_for,
     prefill_feed,
     single,
@@ -135,7 +137,7 @@ class SlicePolicy:
     def _candidates(self, draft: Draft, r: RequestView) -> list[tuple[Placement, list[list[Feed]]]]:
         view = draft.view
         budget, n = view.cfg.max_batch_tokens, view.num_ops
-        out = [(single(d, n), [[prefill_feed(r, budget)]]) for d in view.devices]
+        out = [(p, [[prefill_feed(r, budget)]]) for p in placements(view, draft.load)]
         todo = min(budget, r.num_tokens - r.num_computed)
         if len(view.devices) < 2 or todo < MIN_PIPELINE_TOKENS:
             return out
@@ -143,6 +145,8 @@ class SlicePolicy:
         at = 1 + (n - 2) // 2  # embed + first half of the layer groups
         for first, second in ((a, b), (b, a)):
             placement = split(first, second, at, n)
+            if not view.allows(placement):
+                continue  # NOTE: with replicas, `placements` composes the splits they allow
             out.append((placement, [[prefill_feed(r, budget)]]))
             for k in CHUNK_COUNTS:
                 if todo >= k * MIN_PIPELINE_TOKENS // 2:
@@ -156,9 +160,10 @@ class SlicePolicy:
         for each token it may still generate."""
         assert r.placement is not None
         remaining = r.max_tokens - r.num_output
-        target = min(set(r.placement), key=lambda d: (draft.load(d), d))
-        if remaining < 1:
+        whole = set(r.placement) & set(draft.view.full_holders())
+        if remaining < 1 or not whole:
             return
+        target = min(whole, key=lambda d: (draft.load(d), d))
         split_s = self._step_s(draft, r, r.placement)
         single_s = self._step_s(draft, r, single(target, draft.view.num_ops))
         away = sum(d != target for d in r.placement[1:-1]) / max(1, len(r.placement) - 2)
@@ -201,6 +206,10 @@ class SlicePolicy:
         Its requests' unfinished prompts first, then waiting requests whose KV fits. The
         plan is issued only if harmless; if the packed plan is not, its first feed alone.
         """
+        placement = going[0].placement if going else placed(draft.view, draft.load, device)
+        if placement is None or placement[0] != device:
+            return  # NOTE: no replica of the first operator here; its holder fills itself
+        going = [r for r in going if r.placement == placement]
         budget = self._lp_budget(draft, device, max((r.num_computed for r in going), default=0))
         feeds: list[Feed] = []
         used, blocks = 0, 0
@@ -212,7 +221,7 @@ class SlicePolicy:
             used += feeds[-1].num_tokens
         for r in draft.waiting(Priority.LOW):
             need = draft.blocks_needed(draft.admission_tokens(r))
-            if used >= budget or blocks + need > draft.room(device):
+            if used >= budget or blocks + need > min(draft.room(d) for d in set(placement)):
                 break
             blocks += need
             newcomers.add(r.rid)
@@ -221,16 +230,15 @@ class SlicePolicy:
         for trial in ([feeds, feeds[:1]] if len(feeds) > 1 else [feeds]):
             if not trial:
                 continue
-            try_it = partial(self._try_low, draft, device, trial, newcomers)
+            try_it = partial(self._try_low, draft, placement, trial, newcomers)
             if draft.attempt([f.rid for f in trial], try_it):
                 return
         if feeds:
             draft.hold_back()
 
-    def _try_low(self, draft: Draft, device: str, feeds: list[Feed], newcomers: set[str]
-                 ) -> bool:
-        plan = draft.view.builder.build(Plan(Priority.LOW, single(device, draft.view.num_ops),
-                                             [feeds]))
+    def _try_low(self, draft: Draft, placement: Placement, feeds: list[Feed],
+                 newcomers: set[str]) -> bool:
+        plan = draft.view.builder.build(Plan(Priority.LOW, placement, [feeds]))
         if not self._harmless(draft, plan):
             return False
         for f in feeds:
