@@ -13,6 +13,7 @@ from gateway.config import (
     DTYPES,
     KV_ADMISSIONS,
     POLICIES,
+    PROVISIONING,
     ConfigError,
     GatewayConfig,
     load_config,
@@ -29,6 +30,8 @@ _OVERRIDES = {
     "devices": "scheduler.devices", "device_memory_gib": "scheduler.device_memory_gib",
     "policy": "scheduler.policy", "kv_cache_gib": "scheduler.kv_cache_gib",
     "swap_space_gib": "scheduler.swap_space_gib", "kv_admission": "scheduler.kv_admission",
+    "provisioning": "scheduler.provisioning",
+    "provision_interval_s": "scheduler.provision_interval_s",
     "tenants": "tenants_file", "host": "server.host",
     "port": "server.port", "drain_timeout": "server.drain_timeout_s",
     "request_timeout": "server.request_timeout_s", "log_level": "server.log_level",
@@ -59,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--kv-admission", choices=KV_ADMISSIONS,
                    help="on-demand (default): reserve the prompt, grow per block; full: "
                         "reserve prompt + max_tokens at admission (the old rule, to compare)")
+    s.add_argument("--provisioning", choices=PROVISIONING,
+                   help="off (default: every device holds every operator), opscale (replicas "
+                        "of single operators sized by queueing) or model (whole-model "
+                        "replicas every 20 s by pending prompt tokens)")
+    s.add_argument("--provision-interval-s", type=float,
+                   help="seconds between opscale plans (default 1)")
     s.add_argument("--tenants", help="tenants file (YAML); without one, auth is off")
     s.add_argument("--host", help="bind address (default 127.0.0.1)")
     s.add_argument("--port", type=int, help="port (default 8000)")

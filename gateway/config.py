@@ -27,6 +27,7 @@ import yaml
 
 from gateway.tenants import TenantsConfig, load_tenants
 from scheduler import factory
+from scheduler.config import PROVISIONING
 
 DTYPES = ("bfloat16", "float32")
 POLICIES = ("slice", "fcfs", "priority", "static")
@@ -87,6 +88,8 @@ class SchedulerSettings:
     kv_cache_gib: float | None = None  # KV pool per device; None = what the budget leaves
     swap_space_gib: float = 4.0  # host memory for preempted requests' KV (0: recompute)
     kv_admission: str = "on-demand"  # or "full": reserve prompt + max_tokens at admission
+    provisioning: str = "off"  # or "opscale" (operator replicas), "model" (whole replicas)
+    provision_interval_s: float = 1.0  # how often `opscale` re-plans
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "devices", parse_devices(self.devices))
@@ -100,6 +103,12 @@ class SchedulerSettings:
                      "a positive number")
         _require(self.kv_admission in KV_ADMISSIONS, "scheduler.kv_admission",
                  f"one of {', '.join(KV_ADMISSIONS)}")
+        _require(self.provisioning in PROVISIONING, "scheduler.provisioning",
+                 f"one of {', '.join(PROVISIONING)}")
+        _require(isinstance(self.provision_interval_s, int | float)
+                 and not isinstance(self.provision_interval_s, bool)
+                 and self.provision_interval_s > 0, "scheduler.provision_interval_s",
+                 "a positive number")
 
 
 @dataclass(frozen=True, slots=True)

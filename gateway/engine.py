@@ -113,7 +113,8 @@ def scheduler_config(s: SchedulerSettings, max_model_len: int) -> SchedulerConfi
     kv = None if s.kv_cache_gib is None else int(s.kv_cache_gib * 2**30)
     return SchedulerConfig(policy=s.policy, max_model_len=max_model_len, kv_cache_bytes=kv,
                            swap_space_bytes=int(s.swap_space_gib * 2**30),
-                           kv_admission=s.kv_admission)
+                           kv_admission=s.kv_admission, provisioning=s.provisioning,
+                           provision_interval_s=s.provision_interval_s)
 
 
 def build_engine(config: GatewayConfig) -> Engine:

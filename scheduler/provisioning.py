@@ -149,8 +149,10 @@ def _removals(cluster: Cluster, layout: _Layout, counts: list[int], final: list[
     out: list[Change] = []
     for i, (have, want) in enumerate(zip(counts, final, strict=True)):
         spare = [d for d in cluster.devices if (i, d) in cluster.removable]
-        # NOTE: devices holding the fewest operators first, so whole devices become idle
-        spare.sort(key=lambda d: (len(layout.held[d]), layout.util(d), d))
+        # NOTE: devices holding the fewest operators first, so whole devices become idle;
+        # among equals the last device first (the first keeps the replica it started with)
+        order = {d: k for k, d in enumerate(cluster.devices)}
+        spare.sort(key=lambda d: (len(layout.held[d]), layout.util(d), -order[d]))
         for d in spare[:max(0, have - max(1, want))]:
             out.append(Change(i, d))
     return out

@@ -11,6 +11,7 @@ import pytest
 from gateway.__main__ import build_parser, config_from_args, main
 from gateway.batches.service import lock_data_dir
 from gateway.config import ConfigError, GatewayConfig, ServerSettings, load_config
+from gateway.engine import scheduler_config
 from tests.gateway.harness import TENANTS_YAML
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -72,6 +73,8 @@ async def test_toml_file(tmp_path: Path) -> None:
     ("scheduler: {devices: 'gpu:0'}\n", "scheduler.devices"),
     ("scheduler: {devices: 'cpu:0,cpu:0'}\n", "twice"),
     ("scheduler: {policy: random}\n", "scheduler.policy"),
+    ("scheduler: {provisioning: auto}\n", "scheduler.provisioning"),
+    ("scheduler: {provision_interval_s: 0}\n", "scheduler.provision_interval_s"),
     ("server: {port: 70000}\n", "server.port"),
     ("server: {drain_timeout_s: 0}\n", "server.drain_timeout_s"),
     ("model: 5\n", "model: expected a mapping"),
@@ -82,6 +85,14 @@ async def test_invalid(tmp_path: Path, text: str, message: str) -> None:
     path.write_text(text)
     with pytest.raises(ConfigError, match=message):
         load_config(path)
+
+
+async def test_provisioning_flags_reach_the_scheduler() -> None:
+    args = build_parser().parse_args(["serve", "--provisioning", "opscale",
+                                      "--provision-interval-s", "0.5"])
+    cfg = scheduler_config(config_from_args(args).scheduler, 1024)
+    assert cfg.provisioning == "opscale" and cfg.provision_interval_s == 0.5
+    assert scheduler_config(GatewayConfig().scheduler, 1024).provisioning == "off"
 
 
 async def test_server_settings_validate() -> None:
