@@ -93,31 +93,36 @@ class _Layout:
 
     def __init__(self, cluster: Cluster, loads: list[OpLoad], counts: list[int]) -> None:
         self.c = cluster
-        self.loads = loads
-        self.counts = counts  # replicas per operator the plan ends with
+        self.share = [x.erlangs / max(1, n) for x, n in zip(loads, counts, strict=True)]
         self.held = {d: set(cluster.held.get(d, ())) for d in cluster.devices}
         self.room = dict(cluster.room_bytes)
-
-    def util(self, device: str) -> float:
-        return sum(self.loads[i].erlangs / max(1, self.counts[i]) for i in self.held[device])
+        self.load = {d: sum(self.share[i] for i in ops) for d, ops in self.held.items()}
 
     def neighbour(self, device: str, index: int) -> bool:
-        return bool({index - 1, index + 1} & self.held[device])
+        ops = self.held[device]
+        return index - 1 in ops or index + 1 in ops
 
     def best_for(self, index: int) -> str | None:
         """Where to add a replica of `index` (see the module docstring), or None."""
-        share = self.loads[index].erlangs / max(1, self.counts[index])
-        fits = [d for d in self.c.devices if index not in self.held[d]
-                and self.room[d] >= self.c.weight_bytes[index]]
-        if not fits:
-            return None
-        return min(fits, key=lambda d: (self.util(d) + share > MAX_UTIL,
-                                        not self.neighbour(d, index), not self.held[d],
-                                        self.util(d), self.room[d], d))
+        share, need = self.share[index], self.c.weight_bytes[index]
+        best, best_key = None, None
+        for d in self.c.devices:
+            if index in self.held[d] or self.room[d] < need:
+                continue
+            key = (self.load[d] + share > MAX_UTIL, not self.neighbour(d, index),
+                   not self.held[d], self.load[d], self.room[d])
+            if best_key is None or key < best_key:
+                best, best_key = d, key
+        return best
 
     def add(self, index: int, device: str) -> None:
         self.held[device].add(index)
         self.room[device] -= self.c.weight_bytes[index]
+        self.load[device] += self.share[index]
+
+    def discard(self, index: int, device: str) -> None:
+        self.held[device].discard(index)
+        self.load[device] -= self.share[index]
 
 
 def plan_opscale(loads: list[OpLoad], cluster: Cluster, slo_s: float) -> ProvisionPlan:
@@ -133,13 +138,13 @@ def plan_opscale(loads: list[OpLoad], cluster: Cluster, slo_s: float) -> Provisi
         for _ in range(final[i] - counts[i]):
             device = layout.best_for(i)
             if device is None:
-                final[i] = layout.counts[i] = counts[i] + sum(a.index == i for a in adds)
+                final[i] = counts[i] + sum(a.index == i for a in adds)
                 break
             layout.add(i, device)
             adds.append(Change(i, device))
     removes = _removals(cluster, layout, counts, final)
     for r in removes:
-        layout.held[r.device].discard(r.index)
+        layout.discard(r.index, r.device)
     idle = tuple(d for d in cluster.devices if not layout.held[d])
     return ProvisionPlan(tuple(adds), tuple(removes), tuple(final), idle)
 
@@ -152,7 +157,7 @@ def _removals(cluster: Cluster, layout: _Layout, counts: list[int], final: list[
         # NOTE: devices holding the fewest operators first, so whole devices become idle;
         # among equals the last device first (the first keeps the replica it started with)
         order = {d: k for k, d in enumerate(cluster.devices)}
-        spare.sort(key=lambda d: (len(layout.held[d]), layout.util(d), -order[d]))
+        spare.sort(key=lambda d: (len(layout.held[d]), layout.load[d], -order[d]))
         for d in spare[:max(0, have - max(1, want))]:
             out.append(Change(i, d))
     return out

@@ -41,8 +41,20 @@ def min_stable(arrivals_per_s: float, service_s: float) -> int:
 def replicas_for(arrivals_per_s: float, service_s: float, wait_budget_s: float,
                  max_replicas: int) -> int:
     """The fewest servers (from the stable minimum up to `max_replicas`) whose mean Erlang-C
-    wait is within `wait_budget_s`; `max_replicas` when none is."""
-    c = min(min_stable(arrivals_per_s, service_s), max_replicas)
-    while c < max_replicas and mean_wait_s(c, arrivals_per_s, service_s) > wait_budget_s:
-        c += 1
-    return c
+    wait is within `wait_budget_s`; `max_replicas` when none is.
+
+    NOTE: Erlang B is carried from one count to the next, so the search is linear in the
+    count (the provisioner runs it for every operator every second)."""
+    a = arrivals_per_s * service_s
+    first = min(min_stable(arrivals_per_s, service_s), max_replicas)
+    if a <= 0:
+        return first
+    b = 1.0
+    for c in range(1, max_replicas + 1):
+        b = a * b / (c + a * b)
+        if c < first:
+            continue
+        rho = a / c
+        if rho < 1 and b / (1 - rho + rho * b) * service_s / (c - a) <= wait_budget_s:
+            return c
+    return max_replicas
