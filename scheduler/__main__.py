@@ -1,4 +1,5 @@
-"""`python -m scheduler bench overhead|estimators|simulator|policies [--json FILE]`."""
+"""`python -m scheduler bench overhead|estimators|simulator|policies|capacity|provisioning
+[--json FILE]`."""
 
 from __future__ import annotations
 
@@ -6,11 +7,12 @@ import logging
 import sys
 from collections.abc import Callable
 
-from scheduler.bench import capacity, estimators, overhead, policies, simulator
+from scheduler.bench import capacity, estimators, overhead, policies, provisioning, simulator
 
 BENCHES: dict[str, Callable[[list[str] | None], object]] = {
     "overhead": overhead.main, "estimators": estimators.main,
-    "simulator": simulator.main, "policies": policies.main, "capacity": capacity.main}
+    "simulator": simulator.main, "policies": policies.main, "capacity": capacity.main,
+    "provisioning": provisioning.main}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -45,9 +45,11 @@ def clone_weights(obj: Any) -> Any:
 
 @dataclass(slots=True)
 class Demand:
-    """Op instances issued per operator over a sliding window (virtual or real seconds)."""
+    """Op instances issued per operator over sliding windows (virtual or real seconds): the
+    short one sizes additions, the long one removals."""
 
     window_s: float = 5.0
+    keep_window_s: float = 30.0
     issued: deque[tuple[float, int, float]] = dataclasses.field(default_factory=deque)
     prompts: deque[tuple[float, int]] = dataclasses.field(default_factory=deque)
 
@@ -60,19 +62,23 @@ class Demand:
 
     def tokens_per_s(self, now: float) -> float:
         """Prompt tokens issued per second over the window."""
-        while self.prompts and self.prompts[0][0] < now - self.window_s:
+        while self.prompts and self.prompts[0][0] < now - max(self.window_s, self.keep_window_s):
             self.prompts.popleft()
-        return sum(n for _, n in self.prompts) / self.window_s
+        return sum(n for t, n in self.prompts if t >= now - self.window_s) / self.window_s
 
-    def rates(self, now: float, num_ops: int) -> tuple[list[float], list[float]]:
-        """(arrivals per second, mean estimated seconds per op) per operator index."""
-        while self.issued and self.issued[0][0] < now - self.window_s:
+    def rates(self, now: float, num_ops: int, window_s: float | None = None
+              ) -> tuple[list[float], list[float]]:
+        """(arrivals per second, mean estimated seconds per op) per operator index, over the
+        last `window_s` (default the short window)."""
+        window = window_s or self.window_s
+        while self.issued and self.issued[0][0] < now - max(self.window_s, self.keep_window_s):
             self.issued.popleft()
         count, work = [0] * num_ops, [0.0] * num_ops
-        for _, i, est in self.issued:
-            count[i] += 1
-            work[i] += est
-        return ([c / self.window_s for c in count],
+        for t, i, est in self.issued:
+            if t >= now - window:
+                count[i] += 1
+                work[i] += est
+        return ([c / window for c in count],
                 [w / c if c else 0.0 for w, c in zip(work, count, strict=True)])
 
 

@@ -19,7 +19,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from executors.types import Priority
+from executors.types import OpRole, OpState, Priority
 from models.batch import BatchShape
 from scheduler.gmg import SimOp, Snapshot
 from scheduler.provisioning import Cluster, OpLoad, ProvisionPlan, plan_model, plan_opscale
@@ -70,7 +70,8 @@ class Provisioner:
             logger.info("provisioning plan rejected by the what-if simulation: %s", plan)
             return None
         for c in plan.removes:
-            self.s.actuation.remove(c.index, c.device)
+            if self.s.replicas.can_remove(c.index, c.device):
+                self.s.actuation.remove(c.index, c.device)
         for c in plan.adds:
             self.s.actuation.start_add(c.index, c.device)
         return plan
@@ -81,7 +82,8 @@ class Provisioner:
             return plan_model(self.pending_tokens_per_s(now), self.tokens_per_replica_s(),
                               cluster, len(self.s.model.template.ops))
         slo = self.s.tightest_slo_s or self.s.cfg.default_ttft_slo_s
-        return plan_opscale(self.loads(now), cluster, slo)
+        return plan_opscale(self.loads(now), cluster, slo,
+                            self.loads(now, self.s.demand.keep_window_s))
 
     # -- what it measures --------------------------------------------------------------------
     def cluster(self) -> Cluster:
@@ -101,13 +103,18 @@ class Provisioner:
             return free
         return free + pool.allocator.num_free * reg.kv_block_bytes
 
-    def loads(self, now: float) -> list[OpLoad]:
-        """Per operator: issued op instances per second and their mean estimated seconds; the
-        requests still waiting count as arrivals of one more instance each."""
+    def loads(self, now: float, window_s: float | None = None) -> list[OpLoad]:
+        """Per operator: op instances issued per second and their mean estimated seconds;
+        the ops queued and not started, and the requests still waiting, count as arrivals of
+        one more instance each within the window."""
         t = self.s.model.template
-        rates, service = self.s.demand.rates(now, len(t.ops))
+        window = window_s or self.s.demand.window_s
+        rates, service = self.s.demand.rates(now, len(t.ops), window)
         waiting = [r for views in self.s.requests.views()[2].values() for r in views]
-        extra = len(waiting) / self.s.demand.window_s
+        queued = [0] * len(t.ops)
+        for inst in self.s.gmg.scheduled.values():
+            if inst.state is OpState.ISSUED and inst.role is OpRole.COMPUTE:
+                queued[inst.template_index] += 1
         out = []
         for i, op in enumerate(t.ops):
             s = service[i]
@@ -115,7 +122,7 @@ class Provisioner:
                 tokens = max(1, sum(r.num_tokens for r in waiting) // len(waiting))
                 shape = BatchShape(tokens, 1, 1, tokens * tokens, tokens)
                 s = self.s.builder.op_time(next(iter(self.s.devices)), op.name, shape)
-            out.append(OpLoad(rates[i] + extra, s))
+            out.append(OpLoad(rates[i] + (len(waiting) + queued[i]) / window, s))
         return out
 
     def pending_tokens_per_s(self, now: float) -> float:

@@ -89,76 +89,137 @@ def targets(loads: list[OpLoad], slo_s: float, max_replicas: int, scale: float =
 
 
 class _Layout:
-    """A plan's working copy of who holds what, with predicted utilisation per device."""
+    """A plan's working copy of who holds what, with predicted utilisation per device: each
+    replica of an operator takes an equal share of its Erlangs."""
 
-    def __init__(self, cluster: Cluster, loads: list[OpLoad], counts: list[int]) -> None:
+    def __init__(self, cluster: Cluster, loads: list[OpLoad]) -> None:
         self.c = cluster
-        self.share = [x.erlangs / max(1, n) for x, n in zip(loads, counts, strict=True)]
+        self.erlangs = [x.erlangs for x in loads]
         self.held = {d: set(cluster.held.get(d, ())) for d in cluster.devices}
+        self.count = [cluster.count(i) for i in range(len(loads))]
         self.room = dict(cluster.room_bytes)
-        self.load = {d: sum(self.share[i] for i in ops) for d, ops in self.held.items()}
+        self.load = {d: sum(self.share(i) for i in ops) for d, ops in self.held.items()}
+
+    def share(self, index: int, count: int | None = None) -> float:
+        return self.erlangs[index] / max(1, self.count[index] if count is None else count)
 
     def neighbour(self, device: str, index: int) -> bool:
         ops = self.held[device]
         return index - 1 in ops or index + 1 in ops
 
-    def best_for(self, index: int) -> str | None:
-        """Where to add a replica of `index` (see the module docstring), or None."""
-        share, need = self.share[index], self.c.weight_bytes[index]
-        best, best_key = None, None
-        for d in self.c.devices:
-            if index in self.held[d] or self.room[d] < need:
-                continue
-            key = (self.load[d] + share > MAX_UTIL, not self.neighbour(d, index),
-                   not self.held[d], self.load[d], self.room[d])
-            if best_key is None or key < best_key:
-                best, best_key = d, key
-        return best
+    def add_many(self, index: int, k: int, strict: bool) -> list[str]:
+        """Add up to `k` replicas of `index` on the best devices (see the module docstring);
+        `strict`: only where the device stays under `MAX_UTIL`. Returns the devices.
+
+        NOTE: one sort per operator, not one scan per replica: a device takes at most one
+        replica of an operator, so the devices' order does not change between them."""
+        share, need = self.share(index, self.count[index] + k), self.c.weight_bytes[index]
+        fits = [d for d in self.c.devices if index not in self.held[d] and self.room[d] >= need
+                and (not strict or self.load[d] + share <= MAX_UTIL)]
+        fits.sort(key=lambda d: (self.load[d] + share > MAX_UTIL, not self.neighbour(d, index),
+                                 not self.held[d], self.load[d], self.room[d]))
+        chosen = fits[:k]
+        if chosen:
+            self._recount(index, self.count[index] + len(chosen))
+            for d in chosen:
+                self.held[d].add(index)
+                self.room[d] -= need
+                self.load[d] += self.share(index)
+        return chosen
+
+    def _recount(self, index: int, count: int) -> None:
+        delta = self.share(index, count) - self.share(index)
+        for d, ops in self.held.items():
+            if index in ops:
+                self.load[d] += delta
+        self.count[index] = count
 
     def add(self, index: int, device: str) -> None:
+        self._recount(index, self.count[index] + 1)
         self.held[device].add(index)
         self.room[device] -= self.c.weight_bytes[index]
-        self.load[device] += self.share[index]
+        self.load[device] += self.share(index)
 
     def discard(self, index: int, device: str) -> None:
         self.held[device].discard(index)
-        self.load[device] -= self.share[index]
+        self.room[device] += self.c.weight_bytes[index]
+        self.load[device] -= self.share(index)
+        self._recount(index, self.count[index] - 1)
+
+    def hottest(self) -> str:
+        return max(self.c.devices, key=lambda d: self.load[d])
 
 
-def plan_opscale(loads: list[OpLoad], cluster: Cluster, slo_s: float) -> ProvisionPlan:
-    """Per-operator replica counts by queueing, placed by best fit (the module docstring)."""
+def plan_opscale(loads: list[OpLoad], cluster: Cluster, slo_s: float,
+                 keep: list[OpLoad] | None = None) -> ProvisionPlan:
+    """Per-operator replica counts by queueing, placed by best fit (the module docstring),
+    then more replicas of the busiest operators of any device predicted over `MAX_UTIL`
+    (replicas of several operators share their device).
+
+    `keep` is the demand over a longer window: replicas are removed only below what the
+    larger of the two needs (bursty traffic falls silent between bursts)."""
     n = len(cluster.devices)
     up = targets(loads, slo_s, n)
-    down = targets(loads, slo_s, n, SCALE_DOWN_HEADROOM)
-    counts = [cluster.count(i) for i in range(len(loads))]
-    final = [max(u, c) if c <= d else d for u, d, c in zip(up, down, counts, strict=True)]
-    layout = _Layout(cluster, loads, final)
+    held = [max(x, y, key=lambda o: o.erlangs) for x, y in zip(loads, keep or loads, strict=True)]
+    down = targets(held, slo_s, n, SCALE_DOWN_HEADROOM)
+    layout = _Layout(cluster, held)
+    removes = _removals(cluster, layout, down)
     adds: list[Change] = []
     for i in sorted(range(len(loads)), key=lambda i: -loads[i].erlangs):
-        for _ in range(final[i] - counts[i]):
-            device = layout.best_for(i)
-            if device is None:
-                final[i] = counts[i] + sum(a.index == i for a in adds)
-                break
-            layout.add(i, device)
-            adds.append(Change(i, device))
-    removes = _removals(cluster, layout, counts, final)
-    for r in removes:
-        layout.discard(r.index, r.device)
+        if layout.count[i] < up[i]:
+            adds += [Change(i, d) for d in layout.add_many(i, up[i] - layout.count[i], False)]
+    adds += _relieve(layout)
+    undone = set(adds) & set(removes)  # NOTE: removed, then added back on the same device
+    adds = [a for a in adds if a not in undone]
+    removes = [r for r in removes if r not in undone]
     idle = tuple(d for d in cluster.devices if not layout.held[d])
-    return ProvisionPlan(tuple(adds), tuple(removes), tuple(final), idle)
+    return ProvisionPlan(tuple(adds), tuple(removes), tuple(layout.count), idle)
 
 
-def _removals(cluster: Cluster, layout: _Layout, counts: list[int], final: list[int]
-              ) -> list[Change]:
+def _relieve(layout: _Layout) -> list[Change]:
+    """Replicas added until no device is predicted over `MAX_UTIL` (or none can help): for
+    the hottest device, its operator with the largest share gets as many more replicas as
+    bring that device under the bound, where they keep their devices under it."""
+    adds: list[Change] = []
+    n = len(layout.c.devices)
+    for _ in range(n * len(layout.count)):
+        hot = layout.hottest()
+        excess = layout.load[hot] - MAX_UTIL
+        if excess <= 0:
+            break
+        # NOTE: only operators whose share could plausibly relieve it, not replicas of
+        # small ones everywhere
+        useful = [i for i in layout.held[hot] if layout.share(i) >= excess / len(layout.held[hot])]
+        for i in sorted(useful, key=lambda i: -layout.share(i)):
+            left = layout.share(i) - excess
+            want = n if left <= 0 else min(n, math.ceil(layout.erlangs[i] / left))
+            placed = layout.add_many(i, max(1, want - layout.count[i]), True)
+            if placed:
+                adds += [Change(i, d) for d in placed]
+                break
+        else:
+            break
+    return adds
+
+
+def _removals(cluster: Cluster, layout: _Layout, want: list[int]) -> list[Change]:
+    """Replicas above what `SCALE_DOWN_HEADROOM` more load would need, from the devices
+    holding the fewest operators (so whole devices become idle), while every device they
+    leave load on stays under `MAX_UTIL` with that headroom."""
+    order = {d: k for k, d in enumerate(cluster.devices)}
     out: list[Change] = []
-    for i, (have, want) in enumerate(zip(counts, final, strict=True)):
+    for i in range(len(want)):
         spare = [d for d in cluster.devices if (i, d) in cluster.removable]
-        # NOTE: devices holding the fewest operators first, so whole devices become idle;
-        # among equals the last device first (the first keeps the replica it started with)
-        order = {d: k for k, d in enumerate(cluster.devices)}
+        # NOTE: among equals the last device first (the first keeps the replica it started)
         spare.sort(key=lambda d: (len(layout.held[d]), layout.load[d], -order[d]))
-        for d in spare[:max(0, have - max(1, want))]:
+        for d in spare[:len(spare) - 1]:  # NOTE: one ready replica stays (others may load)
+            if layout.count[i] <= max(1, want[i]):
+                break
+            layout.discard(i, d)
+            if any(layout.load[x] * SCALE_DOWN_HEADROOM > MAX_UTIL
+                   for x in cluster.devices if i in layout.held[x]):
+                layout.add(i, d)  # NOTE: its device-mates would run too hot without it
+                break
             out.append(Change(i, d))
     return out
 

@@ -9,6 +9,7 @@ from scheduler.provisioner import keeps_deadlines
 from scheduler.provisioning import (
     Cluster,
     OpLoad,
+    ProvisionPlan,
     plan_model,
     plan_opscale,
     targets,
@@ -60,7 +61,7 @@ def test_opscale_replicates_only_the_bottleneck_beside_its_neighbours() -> None:
     plan = plan_opscale(loads(1.5), cluster(base), 0.5)
     assert plan.adds and all(a.index == 2 for a in plan.adds)
     assert plan.adds[0].device == "d1"  # the neighbour first: fewer transfers
-    assert plan.removes == (Change(1, "d1"),)  # group 1 needs one replica
+    assert not plan.removes  # d1's group 1 keeps d0 under its bound
     assert set(plan.idle) == set(DEVS) - {"d0", *(a.device for a in plan.adds)}
 
 
@@ -73,15 +74,37 @@ def test_opscale_removes_spare_replicas_emptying_devices() -> None:
     assert set(plan.idle) == set(DEVS) - {"d0"}
 
 
-def test_opscale_does_not_flap_just_under_the_target() -> None:
+def applied(c: Cluster, plan: ProvisionPlan) -> Cluster:
+    held = {d: set(ops) for d, ops in c.held.items()}
+    for a in plan.adds:
+        held[a.device].add(a.index)
+    for r in plan.removes:
+        held[r.device].discard(r.index)
+    return cluster(held)
+
+
+def test_opscale_plans_reach_a_fixed_point_and_do_not_flap() -> None:
     ls = loads(2.5)
-    want = targets(ls, 0.5, 6)[2]
-    held = one_replica()
-    for d in DEVS[1:want]:
-        held[d] = {2}
-    assert plan_opscale(ls, cluster(held), 0.5).empty
+    c = applied(cluster(one_replica()), plan_opscale(ls, cluster(one_replica()), 0.5))
+    assert plan_opscale(ls, c, 0.5).empty
     lighter = loads(2.5 / 1.1)  # a little less load: still needed with 25% headroom
-    assert not plan_opscale(lighter, cluster(held), 0.5).removes
+    assert not plan_opscale(lighter, c, 0.5).removes
+    assert plan_opscale(loads(0.1), c, 0.5).removes  # much less: removed
+
+
+def test_opscale_keeps_devices_under_their_bound() -> None:
+    ls = loads(2.5)
+    plan = plan_opscale(ls, cluster(one_replica()), 0.5)
+    c = applied(cluster(one_replica()), plan)
+    for d, ops in c.held.items():
+        assert sum(ls[i].erlangs / c.count(i) for i in ops) <= 0.9 + 1e-9, d
+
+
+def test_opscale_uses_the_longer_window_before_removing() -> None:
+    held = one_replica()
+    for d in ("d1", "d2", "d3"):
+        held[d] = {2}
+    assert not plan_opscale(loads(0.1), cluster(held), 0.5, keep=loads(2.5)).removes
 
 
 def test_opscale_adds_only_where_the_weights_fit() -> None:
@@ -143,7 +166,7 @@ async def test_provisioner_adds_under_load_and_removes_when_it_drops() -> None:
         added = {(a.index, a.device) for a in plan.adds}
         assert all(sched.replicas.state(i, d) is ReplicaState.READY for i, d in added)
         await run.run_out()
-        run.cluster.run_until(sched.clock() + 2 * sched.demand.window_s)  # load gone
+        run.cluster.run_until(sched.clock() + sched.demand.keep_window_s + 1)  # load gone
         down = prov.tick(sched.clock())
         assert down is not None and {(c.index, c.device) for c in down.removes} == added
         assert sched.replicas.draining() == [] and len(sched.replicas.idle_devices(
