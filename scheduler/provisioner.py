@@ -23,7 +23,7 @@ from executors.types import OpRole, OpState, Priority
 from models.batch import BatchShape
 from scheduler.gmg import SimOp, Snapshot
 from scheduler.provisioning import Cluster, OpLoad, ProvisionPlan, plan_model, plan_opscale
-from scheduler.replicas import LimitedAllocator
+from scheduler.replicas import LimitedAllocator, ReplicaState
 from scheduler.simulator import Candidate, simulate
 
 if TYPE_CHECKING:
@@ -73,7 +73,10 @@ class Provisioner:
             if self.s.replicas.can_remove(c.index, c.device):
                 self.s.actuation.remove(c.index, c.device)
         for c in plan.adds:
-            self.s.actuation.start_add(c.index, c.device)
+            if self.s.replicas.state(c.index, c.device) is ReplicaState.DRAINING:
+                self.s.replicas.keep(c.index, c.device)
+            elif self.s.replicas.can_add(c.index, c.device):
+                self.s.actuation.start_add(c.index, c.device)
         return plan
 
     def plan(self, now: float) -> ProvisionPlan:
@@ -93,7 +96,8 @@ class Provisioner:
         removable = frozenset((i, d) for d in names for i in held[d] if reg.can_remove(i, d))
         room = {d: self._room(d) for d in names}
         weights = tuple(t.weight_bytes for t in self.s.model.template.ops)
-        return Cluster(names, held, removable, room, weights)
+        draining = frozenset((c.index, c.device) for c in reg.draining())
+        return Cluster(names, held, removable, room, weights, draining)
 
     def _room(self, device: str) -> int:
         """Bytes free on the device plus the KV blocks it could give up (free ones)."""

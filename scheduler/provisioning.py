@@ -54,6 +54,7 @@ class Cluster:
     removable: frozenset[tuple[int, str]]  # (operator, device): ready, not the last one
     room_bytes: Mapping[str, int]  # device -> bytes a new replica may take there
     weight_bytes: tuple[int, ...]  # operator -> bytes of its weights
+    draining: frozenset[tuple[int, str]] = frozenset()  # (operator, device) being removed
 
     def count(self, index: int) -> int:
         return sum(index in ops for ops in self.held.values())
@@ -114,16 +115,23 @@ class _Layout:
         NOTE: one sort per operator, not one scan per replica: a device takes at most one
         replica of an operator, so the devices' order does not change between them."""
         share, need = self.share(index, self.count[index] + k), self.c.weight_bytes[index]
-        fits = [d for d in self.c.devices if index not in self.held[d] and self.room[d] >= need
+        draining = self.c.draining
+        fits = [d for d in self.c.devices if index not in self.held[d]
+                and ((index, d) in draining or self.room[d] >= need)
                 and (not strict or self.load[d] + share <= MAX_UTIL)]
-        fits.sort(key=lambda d: (self.load[d] + share > MAX_UTIL, not self.neighbour(d, index),
-                                 not self.held[d], self.load[d], self.room[d]))
+        # NOTE: a replica being removed first (keeping it costs no copy); then best fit:
+        # devices in use before idle ones (those stay releasable), a neighbour's device
+        # first, then the fullest that stays under the bound
+        fits.sort(key=lambda d: (self.load[d] + share > MAX_UTIL, (index, d) not in draining,
+                                 not self.held[d], not self.neighbour(d, index),
+                                 -self.load[d], self.room[d]))
         chosen = fits[:k]
         if chosen:
             self._recount(index, self.count[index] + len(chosen))
             for d in chosen:
                 self.held[d].add(index)
-                self.room[d] -= need
+                if (index, d) not in draining:
+                    self.room[d] -= need
                 self.load[d] += self.share(index)
         return chosen
 
@@ -225,12 +233,12 @@ def _removals(cluster: Cluster, layout: _Layout, want: list[int]) -> list[Change
 
 
 def plan_model(pending_tokens_per_s: float, tokens_per_replica_s: float, cluster: Cluster,
-               num_ops: int) -> ProvisionPlan:
+               num_ops: int, util: float = MAX_UTIL) -> ProvisionPlan:
     """The model-level baseline: whole-model replicas, as many as the pending prompt tokens
-    need at `MAX_UTIL` of one replica's prefill throughput."""
+    need at `util` of one replica's prefill throughput."""
     every = frozenset(range(num_ops))
     full = [d for d in cluster.devices if cluster.held.get(d, frozenset()) >= every]
-    rate = pending_tokens_per_s / max(1e-9, tokens_per_replica_s * MAX_UTIL)
+    rate = pending_tokens_per_s / max(1e-9, tokens_per_replica_s * util)
     want = max(1, min(len(cluster.devices), math.ceil(rate)))
     adds: list[Change] = []
     if want > len(full):

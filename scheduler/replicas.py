@@ -191,6 +191,12 @@ class ReplicaRegistry:
             raise ValueError(f"{device}: {self.template.ops[index].name} cannot be removed")
         self.states[(index, device)] = ReplicaState.DRAINING
 
+    def keep(self, index: int, device: str) -> None:
+        """Cancel a removal not finished yet: the replica takes work again (no copy)."""
+        if self.states.get((index, device)) is not ReplicaState.DRAINING:
+            raise ValueError(f"{device}: {self.template.ops[index].name} is not draining")
+        self.states[(index, device)] = ReplicaState.READY
+
     def draining(self) -> list[Change]:
         return [Change(i, d) for (i, d), s in self.states.items() if s is ReplicaState.DRAINING]
 

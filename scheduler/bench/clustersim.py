@@ -8,9 +8,11 @@ operator waits for the previous operator of its chunk and for the previous
 chunk on its operator); each operator of the first chunk goes to the replica
 holding it with the least queued work (counting the transfer from the previous
 operator's device), and the request keeps that placement for its later
-chunks and its decode (its KV lives there). Its decode is one op per operator
-after its first token: its output tokens at the cost per token of a decode
-step of `decode_batch` sequences (decode steps are batched in the scheduler).
+chunks and its decode (its KV lives there). Every mode dispatches this way; only
+the replicas differ (every device holds every operator under `off`, whole
+models come and go under `model`, single operators under `opscale`). Its
+decode is one op per operator after its first token: its output tokens at the
+cost per token of a batched decode step (`OpSpec.decode_token_s`).
 
 NOTE: this is not the scheduler's rounds (an hour at 64 devices through them
 would take hours on two cores); it is the queueing the provisioner has to
@@ -72,8 +74,9 @@ class SimConfig:
     chunk_tokens: int = 2048
     interval_s: float = 1.0  # opscale
     model_interval_s: float = 20.0
+    model_util: float = 0.9  # `model`: the prefill throughput a replica is sized to
     window_s: float = 5.0  # demand measured over this window (opscale additions)
-    keep_window_s: float = 30.0  # and over this one (opscale removals)
+    keep_window_s: float = 10.0  # and over this one (opscale removals)
 
 
 @dataclass(slots=True)
@@ -95,6 +98,7 @@ class Result:
     plan_ms: list[float] = field(default_factory=list)
     scale_up_s: list[float] = field(default_factory=list)  # plan -> new replica serving
     max_devices_on: int = 0
+    plan_inputs: list[tuple[list[OpLoad], Cluster, list[OpLoad]]] = field(default_factory=list)
 
 
 def p_quantile(xs: list[float], q: float) -> float:
@@ -230,13 +234,6 @@ class ClusterSim:
         self.prefilling.add(k)
         self.prompt_log.append((self.now, self.jobs[k].prompt_tokens))
         self._record(k)
-        if self.cfg.mode != "opscale":  # whole-model placements: one device for the chain
-            full = [d for d in self.devs if all(self._takes(i, d)
-                                                for i in range(len(self.chain.ops)))]
-            device = min(full, key=lambda d: (self.backlog[d], d))
-            self.place[k] = [device] * len(self.chain.ops)
-            for i in range(len(self.chain.ops)):
-                self.kv_refs[(i, device)] = self.kv_refs.get((i, device), 0) + 1
         self._prefill_op(k, 0, 0, None)
 
     def _record(self, k: int) -> None:
@@ -339,17 +336,22 @@ class ClusterSim:
         cluster = self._cluster()
         t0 = time.perf_counter()
         if self.cfg.mode == "opscale":
-            plan = plan_opscale(self._loads(self.cfg.window_s), cluster, self.cfg.slo_s,
-                                self._loads(self.cfg.keep_window_s))
+            loads, keep = self._loads(self.cfg.window_s), self._loads(self.cfg.keep_window_s)
+            t0 = time.perf_counter()
+            plan = plan_opscale(loads, cluster, self.cfg.slo_s, keep)
+            self.res.plan_inputs.append((loads, cluster, keep))
         else:
             plan = plan_model(self._pending_tokens_per_s(), self._tokens_per_replica_s(),
-                              cluster, len(self.chain.ops))
+                              cluster, len(self.chain.ops), self.cfg.model_util)
         self.res.plan_ms.append((time.perf_counter() - t0) * 1e3)
         for c in plan.removes:
             if (c.index, c.device) in self.ready and self.ready[(c.index, c.device)]:
                 self.draining.add((c.index, c.device))
         by_dev: dict[str, list[Change]] = {}
         for c in plan.adds:
+            if (c.index, c.device) in self.draining:
+                self.draining.discard((c.index, c.device))  # kept: no copy
+                continue
             by_dev.setdefault(c.device, []).append(c)
         for d, changes in by_dev.items():
             for c in changes:
@@ -375,7 +377,7 @@ class ClusterSim:
         removable = frozenset((i, d) for (i, d), ready in self.ready.items()
                               if ready and (i, d) not in self.draining and takers[i] > 1)
         return Cluster(self.devs, {d: frozenset(v) for d, v in held.items()}, removable, room,
-                       weights)
+                       weights, frozenset(self.draining))
 
     def _loads(self, window: float) -> list[OpLoad]:
         """Per operator over the last `window` seconds: the op work requests brought, plus

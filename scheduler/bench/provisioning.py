@@ -22,6 +22,7 @@ import json
 import random
 import statistics
 import sys
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -38,8 +39,10 @@ from scheduler.config import SchedulerConfig
 from scheduler.estimators import Estimators
 from scheduler.factory import build_scheduler
 from scheduler.profiling import load_or_profile
+from scheduler.provisioning import plan_opscale
 
 MODES = ("off", "model", "opscale")
+MODEL_UTILS = (0.6, 0.4, 0.3, 0.2)  # the model-level baseline swept to reach opscale's SLO
 DECODE_BATCH = 16  # sequences per decode step the per-token decode cost assumes
 DECODE_CONTEXT = 2048
 
@@ -117,24 +120,54 @@ class Setup:
 
 
 def evaluate(chain: Chain, jobs: list[Job], sizes: list[int], setup: Setup
-             ) -> tuple[dict[str, dict[str, dict[str, float]]], dict[str, dict[str, float]]]:
-    runs: dict[str, dict[str, dict[str, float]]] = {}
+             ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, float]]]:
+    """Every mode at every size; `model` also swept over the utilisation it sizes replicas
+    for (`model_iso`: the cheapest that reaches `opscale`'s SLO attainment, if any does)."""
+    runs: dict[str, dict[str, Any]] = {}
     plans: dict[str, dict[str, float]] = {}
     for n in sizes:
         load_jobs, factor = scaled(jobs, chain, n, setup.peak_util)
-        runs[str(n)] = {}
+        out: dict[str, Any] = {}
+        runs[str(n)] = out
         for mode in MODES:
-            cfg = SimConfig(mode, n, setup.memory_bytes, setup.slo_s)
-            r = run_sim(chain, load_jobs, cfg)
-            runs[str(n)][mode] = summary(r, factor)
-            print(f"| {n} | {mode} | {len(load_jobs)} | {r.device_seconds:.0f} | "
-                  f"{r.slo_attainment:.1%} | {r.ttft_p99_s:.2f} | "
-                  f"{_q(r.scale_up_s, 0.5)} / {_q(r.scale_up_s, 0.99)} | {r.max_devices_on} |",
-                  flush=True)
+            r = run_sim(chain, load_jobs, SimConfig(mode, n, setup.memory_bytes, setup.slo_s))
+            out[mode] = summary(r, factor)
+            _row(n, mode, len(load_jobs), r)
             if mode == "opscale":
-                plans[str(n)] = {"p50": p_quantile(r.plan_ms, 0.5),
-                                 "p99": p_quantile(r.plan_ms, 0.99), "count": len(r.plan_ms)}
+                plans[str(n)] = replay_plans(r, setup.slo_s)
+        sweep = []
+        for util in MODEL_UTILS:
+            cfg = SimConfig("model", n, setup.memory_bytes, setup.slo_s, model_util=util)
+            r = run_sim(chain, load_jobs, cfg)
+            sweep.append((util, r))
+            _row(n, f"model@{util}", len(load_jobs), r)
+        reach = [(u, r) for u, r in sweep if r.slo_attainment >= out["opscale"]["slo_attainment"]]
+        if reach:
+            util, r = min(reach, key=lambda x: x[1].device_seconds)
+            out["model_iso"] = {**summary(r, factor), "model_util": util}
+        out["model_sweep"] = {str(u): summary(r, factor) for u, r in sweep}
     return runs, plans
+
+
+def _row(n: int, mode: str, requests: int, r: Result) -> None:
+    print(f"| {n} | {mode} | {requests} | {r.device_seconds:.0f} | {r.slo_attainment:.1%} | "
+          f"{r.ttft_p99_s:.2f} | {_q(r.scale_up_s, 0.5)} / {_q(r.scale_up_s, 0.99)} | "
+          f"{r.max_devices_on} |", flush=True)
+
+
+def replay_plans(r: Result, slo_s: float, repeats: int = 3) -> dict[str, float]:
+    """Wall ms of `plan_opscale` on every state the run planned from, replayed after the run
+    (median of `repeats` per state): the plan alone, not the simulation's garbage around it."""
+    times = []
+    for loads, cluster, keep in r.plan_inputs:
+        one = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            plan_opscale(loads, cluster, slo_s, keep)
+            one.append((time.perf_counter() - t0) * 1e3)
+        times.append(statistics.median(one))
+    return {"p50": p_quantile(times, 0.5), "p99": p_quantile(times, 0.99), "count": len(times),
+            "in_run_p50": p_quantile(r.plan_ms, 0.5), "in_run_p99": p_quantile(r.plan_ms, 0.99)}
 
 
 def _q(xs: list[float], q: float) -> str:
@@ -187,7 +220,7 @@ def oracle_gap(chain: Chain, jobs: list[Job], devices: int, setup: Setup
         if best is not None and used * span >= best[0]:
             continue  # NOTE: a static layout costs at least its devices over the window
         tried += 1
-        r = run_sim(chain, load_jobs, SimConfig("off", devices, setup.memory_bytes,
+        r = run_sim(chain, load_jobs, SimConfig("opscale", devices, setup.memory_bytes,
                                                 setup.slo_s), static=held)
         if r.slo_attainment >= online.slo_attainment and (best is None
                                                            or r.device_seconds < best[0]):
@@ -220,7 +253,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--model", default="default")
     p.add_argument("--devices", default="8,32,64", help="virtual device counts")
     p.add_argument("--window-s", type=float, nargs=2, default=(0.0, 3600.0))
-    p.add_argument("--slo-s", type=float, default=10.0, help="interactive TTFT SLO")
+    p.add_argument("--slo-s", type=float, default=30.0,
+                   help="interactive TTFT SLO (the default: above the longest prompt's TTFT "
+                        "alone at the fitted CPU estimators)")
     p.add_argument("--peak-util", type=float, default=0.8)
     p.add_argument("--device-memory-gib", type=float, default=2.0)
     p.add_argument("--oracle-devices", type=int, default=4)
