@@ -24,15 +24,19 @@ def split(first: str, second: str, at: int, num_ops: int) -> Placement:
 
 
 def placed(view: RoundView, load: Callable[[str], float], prefer: str) -> Placement:
-    """A placement starting from `prefer`: each operator stays on the device of the one
-    before it where that device holds a replica, else goes to its least-loaded holder.
-    Without replicas (every device holds every operator) it is `single(prefer)`."""
+    """A placement around `prefer`: each operator runs there if `prefer` holds a replica of
+    it, else on the device of the operator before it if that one does (no transfer), else
+    on its least-loaded holder. Without replicas (every device holds every operator) it is
+    `single(prefer)`."""
     if view.holders is None:
         return single(prefer, view.num_ops)
     out: list[str] = []
     prev = prefer
     for holders in view.holders:
-        prev = prev if prev in holders else min(holders, key=lambda d: (load(d), d))
+        if prefer in holders:
+            prev = prefer
+        elif prev not in holders:
+            prev = min(holders, key=lambda d: (load(d), d))
         out.append(prev)
     return tuple(out)
 
