@@ -137,10 +137,17 @@ class SlicePolicy:
     def _candidates(self, draft: Draft, r: RequestView) -> list[tuple[Placement, list[list[Feed]]]]:
         view = draft.view
         budget, n = view.cfg.max_batch_tokens, view.num_ops
-        out = [(p, [[prefill_feed(r, budget)]]) for p in placements(view, draft.load)]
+        composed = placements(view, draft.load)
+        out = [(p, [[prefill_feed(r, budget)]]) for p in composed]
         todo = min(budget, r.num_tokens - r.num_computed)
         if len(view.devices) < 2 or todo < MIN_PIPELINE_TOKENS:
             return out
+        # NOTE: with operator replicas, a placement over several devices pays off as a
+        # chunked pipeline: a chunk's later operators overlap the next chunk's earlier ones
+        for placement in [p for p in composed if len(set(p)) > 1]:
+            for k in CHUNK_COUNTS:
+                if todo >= k * MIN_PIPELINE_TOKENS // 2:
+                    out.append((placement, chunk_feeds(r, -(-todo // k), k)))
         a, b = sorted(view.devices, key=lambda d: (draft.load(d), d))[:2]
         at = 1 + (n - 2) // 2  # embed + first half of the layer groups
         for first, second in ((a, b), (b, a)):
