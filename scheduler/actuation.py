@@ -49,7 +49,7 @@ class Demand:
     short one sizes additions, the long one removals."""
 
     window_s: float = 5.0
-    keep_window_s: float = 30.0
+    keep_window_s: float = 10.0
     issued: deque[tuple[float, int, float]] = dataclasses.field(default_factory=deque)
     prompts: deque[tuple[float, int]] = dataclasses.field(default_factory=deque)
 
