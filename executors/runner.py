@@ -25,6 +25,8 @@ class ModelRunner:
         self.devices = devices
         self.kv = kv
         self.ledgers = ledgers
+        # (device, op index) -> a replica's own copy of the operator (scheduler/actuation.py)
+        self.replica_ops: dict[tuple[str, int], Any] = {}
 
     def __call__(self, op: OpInstance) -> Any:
         if op.role is OpRole.COMPUTE:
@@ -37,8 +39,10 @@ class ModelRunner:
         assert op.batch is not None
         dev = self.devices[op.device].torch_device
         x = op.input.output if op.input is not None else None
-        return self.model.ops_on(dev)[op.template_index].run(op.batch.get(), x,
-                                                            self.kv.get(op.device))
+        impl = self.replica_ops.get((op.device, op.template_index))
+        if impl is None:
+            impl = self.model.ops_on(dev)[op.template_index]
+        return impl.run(op.batch.get(), x, self.kv.get(op.device))
 
     def _recv(self, op: OpInstance) -> torch.Tensor:
         # NOTE: the buffer is counted against the destination until the op is released

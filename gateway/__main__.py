@@ -13,6 +13,7 @@ from gateway.config import (
     DTYPES,
     KV_ADMISSIONS,
     POLICIES,
+    PROVISIONING,
     ConfigError,
     GatewayConfig,
     load_config,
@@ -34,6 +35,8 @@ _OVERRIDES = {
     "max_queued_tokens": "scheduler.max_queued_tokens",
     "max_low_wait_s": "scheduler.max_low_wait_s", "fault_rate": "scheduler.fault_rate",
     "ray_address": "scheduler.ray_address",
+    "provisioning": "scheduler.provisioning",
+    "provision_interval_s": "scheduler.provision_interval_s",
     "tenants": "tenants_file", "host": "server.host",
     "port": "server.port", "drain_timeout": "server.drain_timeout_s",
     "request_timeout": "server.request_timeout_s", "log_level": "server.log_level",
@@ -79,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="age a low request into the normal class after this wait (default off)")
     s.add_argument("--fault-rate", type=float,
                    help="TESTING ONLY: fraction of operators made to fail (default 0)")
+    s.add_argument("--provisioning", choices=PROVISIONING,
+                   help="off (default: every device holds every operator), opscale (replicas "
+                        "of single operators sized by queueing) or model (whole-model "
+                        "replicas every 20 s by pending prompt tokens)")
+    s.add_argument("--provision-interval-s", type=float,
+                   help="seconds between opscale plans (default 1)")
     s.add_argument("--tenants", help="tenants file (YAML); without one, auth is off")
     s.add_argument("--host", help="bind address (default 127.0.0.1)")
     s.add_argument("--port", type=int, help="port (default 8000)")

@@ -28,6 +28,7 @@ import yaml
 
 from gateway.tenants import TenantsConfig, load_tenants
 from scheduler import factory
+from scheduler.config import PROVISIONING
 
 DTYPES = ("bfloat16", "float32")
 POLICIES = ("slice", "fcfs", "priority", "static")
@@ -129,6 +130,8 @@ class SchedulerSettings:
     max_low_wait_s: float | None = None  # age low requests into normal after this wait
     fault_rate: float = 0.0  # testing only: fraction of compute ops made to fail
     ray_address: str | None = None  # a Ray cluster (or "auto"): devices are NODE/cpu:N, ...
+    provisioning: str = "off"  # or "opscale" (operator replicas), "model" (whole replicas)
+    provision_interval_s: float = 1.0  # how often `opscale` re-plans
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "devices", parse_devices(self.devices))
@@ -160,6 +163,12 @@ class SchedulerSettings:
         _require(self.kv_admission in KV_ADMISSIONS, "scheduler.kv_admission",
                  f"one of {', '.join(KV_ADMISSIONS)}")
         _require(isinstance(self.prefix_cache, bool), "scheduler.prefix_cache", "true or false")
+        _require(self.provisioning in PROVISIONING, "scheduler.provisioning",
+                 f"one of {', '.join(PROVISIONING)}")
+        _require(isinstance(self.provision_interval_s, int | float)
+                 and not isinstance(self.provision_interval_s, bool)
+                 and self.provision_interval_s > 0, "scheduler.provision_interval_s",
+                 "a positive number")
 
 
 @dataclass(frozen=True, slots=True)

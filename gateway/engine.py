@@ -118,7 +118,8 @@ def scheduler_config(s: SchedulerSettings, max_model_len: int) -> SchedulerConfi
     cfg = SchedulerConfig(policy=s.policy, max_model_len=max_model_len, kv_cache_bytes=kv,
                           swap_space_bytes=int(s.swap_space_gib * 2**30),
                           kv_admission=s.kv_admission, max_low_wait_s=s.max_low_wait_s,
-                          prefix_caching=s.prefix_cache)
+                          prefix_caching=s.prefix_cache, provisioning=s.provisioning,
+                          provision_interval_s=s.provision_interval_s)
     return queue_bounds(cfg, s.max_queued_requests, s.max_queued_tokens)
 
 

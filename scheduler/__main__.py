@@ -1,4 +1,5 @@
-"""`python -m scheduler bench overhead|estimators|simulator|policies|capacity|scaling ...`."""
+"""`python -m scheduler bench overhead|estimators|simulator|policies|capacity|scaling|
+provisioning ...`."""
 
 from __future__ import annotations
 
@@ -6,12 +7,20 @@ import logging
 import sys
 from collections.abc import Callable
 
-from scheduler.bench import capacity, estimators, overhead, policies, scaling, simulator
+from scheduler.bench import (
+    capacity,
+    estimators,
+    overhead,
+    policies,
+    provisioning,
+    scaling,
+    simulator,
+)
 
 BENCHES: dict[str, Callable[[list[str] | None], object]] = {
     "overhead": overhead.main, "estimators": estimators.main,
     "simulator": simulator.main, "policies": policies.main, "capacity": capacity.main,
-    "scaling": scaling.main}
+    "scaling": scaling.main, "provisioning": provisioning.main}
 
 
 def main(argv: list[str] | None = None) -> None:

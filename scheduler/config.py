@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from executors.types import Priority
 from scheduler.admission import QueueLimits
 
+PROVISIONING = ("off", "opscale", "model")
+
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
@@ -47,6 +49,12 @@ class SchedulerConfig:
     # NOTE: rounds that raise outside any request's decision are retried with a backoff;
     # after this many in a row, the requests not in flight end with a server error.
     max_failed_rounds: int = 3
+    # operator-level provisioning (scheduler/provisioning.py): "off" (every device holds every
+    # operator), "opscale" (replicas of single operators sized by queueing every
+    # `provision_interval_s`) or "model" (whole-model replicas every `model_interval_s`)
+    provisioning: str = "off"
+    provision_interval_s: float = 1.0
+    model_interval_s: float = 20.0
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.max_batch_tokens < 1 or self.max_decode_seqs < 1:
@@ -61,6 +69,10 @@ class SchedulerConfig:
             raise ValueError("kv_cache_bytes must be > 0")
         if not 0 <= self.kv_watermark < 1 or self.swap_space_bytes < 0:
             raise ValueError("kv_watermark must be in [0, 1) and swap_space_bytes >= 0")
+        if self.provisioning not in PROVISIONING:
+            raise ValueError(f"provisioning must be one of {', '.join(PROVISIONING)}")
+        if self.provision_interval_s <= 0 or self.model_interval_s <= 0:
+            raise ValueError("provision_interval_s and model_interval_s must be > 0")
         if self.max_low_wait_s is not None and self.max_low_wait_s <= 0:
             raise ValueError("max_low_wait_s must be > 0 (or None: no ageing)")
         _ = self.queue_limits  # validates the bounds

@@ -180,7 +180,8 @@ class KVManager:
     def swap_bytes(self, num_tokens: int) -> int:
         """Host bytes holding `num_tokens` tokens of KV (whole blocks, every layer)."""
         pool = next(iter(self.pools.values()))
-        per_block = pool.num_bytes // pool.allocator.num_blocks
+        # NOTE: storage blocks, not the allocator's (a provisioned pool may use fewer)
+        per_block = pool.num_bytes // pool.keys[pool.layers[0]].shape[1]
         return blocks_for(num_tokens, pool.block_size) * per_block
 
     @property

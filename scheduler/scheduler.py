@@ -25,12 +25,13 @@ from executors.memory import MemoryLedger
 from executors.types import Device, OpInstance, OpState, Priority
 from models.batch import BatchSource, SeqSpec
 from models.loader import Model
+from scheduler.actuation import Actuation, Demand
 from scheduler.admission import EVICTED, DrainRate
 from scheduler.api import NO_DEVICE, SchedulerStats
 from scheduler.bookkeeping import Bookkeeping
 from scheduler.config import SchedulerConfig
 from scheduler.decision import Preemption, RoundDecision
-from scheduler.execution import Execution, ExecutorFactory, kv_pools
+from scheduler.execution import Execution, ExecutorFactory, activation_reserve, kv_pools
 from scheduler.fairness import FairShare, counter_of
 from scheduler.gmg import GMG
 from scheduler.health import RoundHealth
@@ -39,6 +40,8 @@ from scheduler.inflight import InFlight
 from scheduler.kv import KVManager
 from scheduler.plan import Builder, Feed, OpTime, Plan, XferTime
 from scheduler.policies import make_policy
+from scheduler.provisioner import Provisioner
+from scheduler.replicas import ReplicaRegistry, initial_holdings, limited_pools
 from scheduler.reprofile import PairProfiler
 from scheduler.requests import Requests
 from scheduler.state import RequestState, Status
@@ -64,8 +67,13 @@ class Scheduler:
         self.policy = make_policy(policy)
         self.estimator = estimator  # observe(op) / mape(), when online refit is on
         self.ledgers = {d.name: MemoryLedger(d.memory_bytes) for d in devices}
-        self.kv = KVManager(kv_pools(model, devices, self.ledgers, self.cfg),
-                            self.cfg.swap_space_bytes)
+        held = initial_holdings(self.cfg.provisioning, list(self.devices), len(model.template.ops))
+        pools = (kv_pools(model, devices, self.ledgers, self.cfg)
+                 if self.cfg.provisioning == "off"
+                 else limited_pools(model, devices, self.ledgers, self.cfg, held))
+        self.kv = KVManager(pools, self.cfg.swap_space_bytes)
+        self.replicas = ReplicaRegistry(model.template, self.ledgers, pools, held,
+                                        self.kv.swap_bytes(1), activation_reserve(model, self.cfg))
         self.gmg = GMG(self.devices, self.ledgers, self.kv)
         self.requests = Requests(self.kv, self.gmg, model.template, self.cfg.queue_limits)
         self.fair = FairShare()  # virtual token counters per class and tenant
@@ -74,6 +82,13 @@ class Scheduler:
         self.builder = Builder(model.template, self.cfg.block_size, op_time, xfer_time)
         self.exec = Execution(model, self.devices, self.kv, self.ledgers,
                               self._on_done_thread, executor_factory)
+        self.demand = Demand()  # op instances issued per operator (for provisioning)
+        gmg = self.gmg
+        self.actuation = Actuation(self.replicas, self.exec.runner if model.ops else None,
+                                   lambda: [*gmg.scheduled.values(), *gmg.unscheduled.values()],
+                                   lambda: self.states.values())
+        self.provisioner = Provisioner(self) if self.cfg.provisioning != "off" else None
+        self._provision_task: asyncio.Task[None] | None = None
         self.books = Bookkeeping(self.cfg.timeline_size)
         self.health = RoundHealth()
         self.tightest_slo_s: float | None = None  # smallest TTFT SLO among requests seen
@@ -100,6 +115,10 @@ class Scheduler:
         self._accepting, self._started_at = True, self.clock()
         self._task = asyncio.create_task(self._loop(), name="slicegate-scheduler")
         self._task.add_done_callback(self._task_ended)
+        if self.provisioner is not None:
+            self._provision_task = asyncio.create_task(self.provisioner.run(),
+                                                       name="slicegate-provisioner")
+            self._provision_task.add_done_callback(self._task_ended)
 
     async def stop(self, drain: bool = True, timeout_s: float = 30.0) -> None:
         self._accepting = False
@@ -111,10 +130,11 @@ class Scheduler:
         while any(s.in_flight for s in self.states.values()) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         self._stopping = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in (self._task, self._provision_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         self.exec.stop()
 
     async def _loop(self) -> None:
@@ -290,7 +310,8 @@ class Scheduler:
             self.cfg.block_size, self.kv.swap_bytes(1), self.kv.host_free_bytes, snap,
             self.gmg.loads(), self.builder, dict(self.inflight.prefills),
             frozenset(self.inflight.decodes),
-            self.tightest_slo_s or self.cfg.default_ttft_slo_s, self.fair.view())
+            self.tightest_slo_s or self.cfg.default_ttft_slo_s, self.fair.view(),
+            None if self.provisioner is None else self.replicas.holders())
 
     def _apply(self, d: RoundDecision, now: float) -> None:
         """Commit a decision: first what frees KV, then what takes it, then the plans.
@@ -336,6 +357,8 @@ class Scheduler:
         self._attach_batches(plan)
         self.gmg.add(plan.ops, plan.first_tokens)
         self.inflight.add(plan)
+        if self.provisioner is not None:
+            self.demand.record(plan.ops, now)
         for op in plan.ops:
             op.issued_at = now
             self.gmg.mark_issued(op)
@@ -522,6 +545,8 @@ class Scheduler:
                 self.requests.end(s, FinishReason.ERROR, error, emit=not s.stream_closed)
             elif s.ending is not None:
                 self.requests.end(s, s.ending, s.error, emit=not s.stream_closed)
+        if self.replicas.draining():
+            self.actuation.settle()
 
     # -- views -----------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:

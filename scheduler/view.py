@@ -18,6 +18,8 @@ from scheduler.gmg import Snapshot
 from scheduler.plan import Builder
 from scheduler.requestview import Placement, RequestView
 
+Holders = tuple[frozenset[str], ...]  # op index -> devices whose replica takes new work
+
 
 @dataclass(frozen=True, slots=True)
 class RoundView:
@@ -43,6 +45,19 @@ class RoundView:
     tightest_slo_s: float  # smallest TTFT SLO seen, else the default (sizes low chunks)
     # class -> tenant -> virtual tokens served (scheduler/fairness.py), for the fair order
     service: Mapping[Priority, Mapping[str, float]] = field(default_factory=dict)
+    # op index -> devices holding a replica that takes new work; None: every device holds all
+    holders: Holders | None = None
+
+    def allows(self, placement: Placement) -> bool:
+        """Whether every operator of `placement` runs on a device holding its replica."""
+        return self.holders is None or all(d in h for d, h in zip(placement, self.holders,
+                                                                   strict=True))
+
+    def full_holders(self) -> tuple[str, ...]:
+        """Devices holding every operator (where a one-device placement may go)."""
+        if self.holders is None:
+            return self.devices
+        return tuple(d for d in self.devices if all(d in h for h in self.holders))
 
     def blocks_for(self, num_tokens: int) -> int:
         return blocks_for(num_tokens, self.block_size)

@@ -10,6 +10,7 @@ from executors.types import Priority
 from scheduler.draft import Draft
 from scheduler.plan import Feed, Plan
 from scheduler.requestview import Placement, RequestView
+from scheduler.view import RoundView
 
 PriorityOf = Callable[[RequestView], Priority]
 
@@ -21,6 +22,32 @@ def single(device: str, num_ops: int) -> Placement:
 def split(first: str, second: str, at: int, num_ops: int) -> Placement:
     """Ops [0, at) on `first`, the rest on `second`."""
     return (first,) * at + (second,) * (num_ops - at)
+
+
+def placed(view: RoundView, load: Callable[[str], float], prefer: str) -> Placement:
+    """A placement around `prefer`: each operator runs there if `prefer` holds a replica of
+    it, else on the device of the operator before it if that one does (no transfer), else
+    on its least-loaded holder. Without replicas (every device holds every operator) it is
+    `single(prefer)`."""
+    if view.holders is None:
+        return single(prefer, view.num_ops)
+    out: list[str] = []
+    prev = prefer
+    for holders in view.holders:
+        if prefer in holders:
+            prev = prefer
+        elif prev not in holders:
+            prev = min(holders, key=lambda d: (load(d), d))
+        out.append(prev)
+    return tuple(out)
+
+
+def placements(view: RoundView, load: Callable[[str], float]) -> list[Placement]:
+    """One placement per device that holds the first operator or anything at all, distinct."""
+    seen: dict[Placement, None] = {}
+    for d in view.devices:
+        seen.setdefault(placed(view, load, d), None)
+    return list(seen)
 
 
 def decode_plans(draft: Draft, priority_of: PriorityOf) -> list[Plan]:

@@ -27,6 +27,8 @@ from scheduler.policies.common import (
     decode_plans,
     fair_order,
     issue_plan,
+    placed,
+    placements,
     preempt_for,
     prefill_feed,
     single,
@@ -139,18 +141,26 @@ class SlicePolicy:
         # NOTE: on a device holding a cached prefix the plan feeds only the rest of the prompt
         # (after the cached context), so the simulation weighs the hit against that device's
         # load: the longest cached prefix wins unless its device is busier by more.
-        out = [(single(d, n), [[prefill_feed(draft.on(r, single(d, n)), budget)]])
-               for d in view.devices]
+        composed = placements(view, draft.load)
+        out = [(p, [[prefill_feed(draft.on(r, p), budget)]]) for p in composed]
         todo = min(budget, r.num_tokens - r.num_computed)
         if len(view.devices) < 2 or todo < MIN_PIPELINE_TOKENS or r.cached:
             # NOTE: a cached prefix serves only a placement on the one device holding it
             # (every layer's KV there), so a request with one is not split: a split would
             # recompute the prefix, and its own blocks would become reusable only later
             return out
+        # NOTE: with operator replicas, a placement over several devices pays off as a
+        # chunked pipeline: a chunk's later operators overlap the next chunk's earlier ones
+        for placement in [p for p in composed if len(set(p)) > 1]:
+            for k in CHUNK_COUNTS:
+                if todo >= k * MIN_PIPELINE_TOKENS // 2:
+                    out.append((placement, chunk_feeds(r, -(-todo // k), k)))
         a, b = sorted(view.devices, key=lambda d: (draft.load(d), d))[:2]
         at = 1 + (n - 2) // 2  # embed + first half of the layer groups
         for first, second in ((a, b), (b, a)):
             placement = split(first, second, at, n)
+            if not view.allows(placement):
+                continue  # NOTE: with replicas, `placements` composes the splits they allow
             out.append((placement, [[prefill_feed(r, budget)]]))
             for k in CHUNK_COUNTS:
                 if todo >= k * MIN_PIPELINE_TOKENS // 2:
@@ -164,9 +174,10 @@ class SlicePolicy:
         for each token it may still generate; always with the prefix cache on."""
         assert r.placement is not None
         remaining = r.max_tokens - r.num_output
-        target = min(set(r.placement), key=lambda d: (draft.load(d), d))
-        if remaining < 1:
+        whole = set(r.placement) & set(draft.view.full_holders())
+        if remaining < 1 or not whole:
             return
+        target = min(whole, key=lambda d: (draft.load(d), d))
         split_s = self._step_s(draft, r, r.placement)
         single_s = self._step_s(draft, r, single(target, draft.view.num_ops))
         away = sum(d != target for d in r.placement[1:-1]) / max(1, len(r.placement) - 2)
@@ -211,6 +222,10 @@ class SlicePolicy:
         Its requests' unfinished prompts first, then waiting requests whose KV fits. The
         plan is issued only if harmless; if the packed plan is not, its first feed alone.
         """
+        placement = going[0].placement if going else placed(draft.view, draft.load, device)
+        if placement is None or placement[0] != device:
+            return  # NOTE: no replica of the first operator here; its holder fills itself
+        going = [r for r in going if r.placement == placement]
         budget = self._lp_budget(draft, device, max((r.num_computed for r in going), default=0))
         feeds: list[Feed] = []
         used, blocks = 0, 0
@@ -220,11 +235,10 @@ class SlicePolicy:
                 break
             feeds.append(prefill_feed(r, budget - used))
             used += feeds[-1].num_tokens
-        placement = single(device, draft.view.num_ops)
         for r in fair_order(draft.waiting(Priority.LOW),
                             draft.view.service.get(Priority.LOW, {})):
             need = draft.admission_blocks(r, placement)
-            if used >= budget or blocks + need > draft.room(device):
+            if used >= budget or blocks + need > min(draft.room(d) for d in set(placement)):
                 break
             blocks += need
             newcomers.add(r.rid)
@@ -233,16 +247,15 @@ class SlicePolicy:
         for trial in ([feeds, feeds[:1]] if len(feeds) > 1 else [feeds]):
             if not trial:
                 continue
-            try_it = partial(self._try_low, draft, device, trial, newcomers)
+            try_it = partial(self._try_low, draft, placement, trial, newcomers)
             if draft.attempt([f.rid for f in trial], try_it):
                 return
         if feeds:
             draft.hold_back()
 
-    def _try_low(self, draft: Draft, device: str, feeds: list[Feed], newcomers: set[str]
-                 ) -> bool:
-        plan = draft.view.builder.build(Plan(Priority.LOW, single(device, draft.view.num_ops),
-                                             [feeds]))
+    def _try_low(self, draft: Draft, placement: Placement, feeds: list[Feed],
+                 newcomers: set[str]) -> bool:
+        plan = draft.view.builder.build(Plan(Priority.LOW, placement, [feeds]))
         if not self._harmless(draft, plan):
             return False
         for f in feeds:

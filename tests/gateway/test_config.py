@@ -82,6 +82,8 @@ async def test_toml_file(tmp_path: Path) -> None:
     ("scheduler: {devices: 'gpu:0'}\n", "scheduler.devices"),
     ("scheduler: {devices: 'cpu:0,cpu:0'}\n", "twice"),
     ("scheduler: {policy: random}\n", "scheduler.policy"),
+    ("scheduler: {provisioning: auto}\n", "scheduler.provisioning"),
+    ("scheduler: {provision_interval_s: 0}\n", "scheduler.provision_interval_s"),
     ("server: {port: 70000}\n", "server.port"),
     ("server: {drain_timeout_s: 0}\n", "server.drain_timeout_s"),
     ("model: 5\n", "model: expected a mapping"),
@@ -105,6 +107,14 @@ async def test_ray_address_defaults_to_every_device_of_the_cluster() -> None:
                                       "10.0.0.2/cpu:0,10.0.0.3/cuda:1"])
     s = config_from_args(args).scheduler
     assert s.devices == ("10.0.0.2/cpu:0", "10.0.0.3/cuda:1") and s.ray_address == "10.0.0.2:6379"
+
+
+async def test_provisioning_flags_reach_the_scheduler() -> None:
+    args = build_parser().parse_args(["serve", "--provisioning", "opscale",
+                                      "--provision-interval-s", "0.5"])
+    cfg = scheduler_config(config_from_args(args).scheduler, 1024)
+    assert cfg.provisioning == "opscale" and cfg.provision_interval_s == 0.5
+    assert scheduler_config(GatewayConfig().scheduler, 1024).provisioning == "off"
 
 
 async def test_server_settings_validate() -> None:
