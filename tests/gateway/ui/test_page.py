@@ -77,11 +77,15 @@ def test_admin_page_draws_a_moving_timeline_without_console_errors(
         moved = _wait(page, f"window.slicegate.lastEnd > {last_end} && "
                             f"window.slicegate.renders > {renders}", 2)
         assert time.monotonic() - started <= 2.0 and moved["polls"] > seen["polls"]
-        bar = moved["sampleBar"]
         box = page.locator("#gantt").bounding_box()
-        assert bar is not None and box is not None
-        page.mouse.move(box["x"] + bar["x"], box["y"] + bar["y"])
+        assert moved["sampleBar"] is not None and box is not None
         tip = page.locator("#tip")
+        for _ in range(10):  # NOTE: bars move as the timeline scrolls: aim at a fresh one
+            bar = page.evaluate("window.slicegate.sampleBar")
+            page.mouse.move(box["x"] + bar["x"], box["y"] + bar["y"])
+            if tip.is_visible():
+                break
+            page.wait_for_timeout(300)
         tip.wait_for(state="visible", timeout=2000)
         assert "class " in tip.inner_text() and "tenant " in tip.inner_text()
         assert "live" in page.locator("#status").inner_text()
