@@ -54,7 +54,10 @@ def _scheduler(model: Model) -> tuple[Scheduler, dict[str, Recovering]]:
     def factory(device: Device, run_op: RunOp, on_done: OnDone, loop: Any) -> Recovering:
         made[device.name] = Recovering(device, run_op, on_done, loop)
         return made[device.name]
-    cfg = SchedulerConfig(policy="fcfs", max_model_len=256, swap_space_bytes=0)
+    # NOTE: no prefix cache: the equal prompts below would all follow the first one's cached
+    # blocks to its device, and none might run on the device that is lost
+    cfg = SchedulerConfig(policy="fcfs", max_model_len=256, swap_space_bytes=0,
+                          prefix_caching=False)
     devs = [Device("cpu:0", 64 << 20), Device("cpu:1", 64 << 20)]
     return Scheduler(model, devs, "fcfs", linear_time, xfer_time, cfg,
                      executor_factory=factory), made
@@ -65,12 +68,17 @@ async def test_a_lost_device_delays_and_then_none_left_answers_503(tiny_model_di
     sched, made = _scheduler(model)
     engine = engine_for_model(model, sched, make_config())
     async with running(make_config(), engine) as h:
-        body = {"prompt": "hello there", "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+        body = {"prompt": "hello there", "max_tokens": 64, "temperature": 0, "ignore_eos": True}
         want = (await h.client.post("/v1/completions", json=body)).json()["choices"][0]["text"]
         posts = [asyncio.ensure_future(h.client.post("/v1/completions", json=body))
                  for _ in range(4)]
-        while not any(s.output_ids for s in sched.states.values()):
-            await asyncio.sleep(0.005)
+        def midway_on_cpu1() -> bool:  # a request decoding on the device about to be lost
+            return any(s.placement is not None and "cpu:1" in s.placement
+                       and 0 < len(s.output_ids) < body["max_tokens"]
+                       for s in sched.states.values())
+        async with asyncio.timeout(60):
+            while not midway_on_cpu1():
+                await asyncio.sleep(0.001)
         made["cpu:1"].lose()
         for reply in await asyncio.gather(*posts):
             assert reply.status_code == 200 and reply.json()["choices"][0]["text"] == want
