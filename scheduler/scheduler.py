@@ -301,8 +301,9 @@ class Scheduler:
         runnable, running, waiting = self.requests.views()
         pools = self.kv.pools
         snap = self.gmg.snapshot(now) if self.policy.uses_simulation else None
+        down = self.exec.down()
         return RoundView(
-            now, self.cfg, tuple(d for d in self.devices if d not in self.exec.down()),
+            now, self.cfg, tuple(d for d in self.devices if d not in down),
             len(self.model.template.ops), waiting, runnable,
             running,
             {d: p.allocator.num_free for d, p in pools.items()},
