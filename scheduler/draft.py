@@ -65,6 +65,10 @@ class Draft:
         """Requests of one class not admitted yet, in queue order (resumed ones first)."""
         return list(self._waiting[priority].values())
 
+    def is_waiting(self, req: RequestView) -> bool:
+        """Whether `req` still waits for admission (not admitted or dropped this round)."""
+        return req.rid in self._waiting[req.priority]
+
     def num_waiting(self, priority: Priority) -> int:
         return len(self._waiting[priority])
 

@@ -3,7 +3,10 @@
 Each round: high-priority prefills by earliest TTFT deadline (then normal),
 each placed on the candidate partition (one device, a layer split over two,
 or a chunked pipeline over that split) with the earliest predicted first
-token that keeps its deadline; then decode steps, one per class; then
+token that keeps its deadline (while every device runs a prefill of their
+class they wait, and the next plan on one device packs the whole prompts of
+those waiting into its batch where that keeps their deadlines); then decode
+steps, one per class; then
 low-priority prefills, packed into one plan per device of at most as many
 tokens as keep one layer group well inside the tightest SLO, each issued
 only if the simulation predicts that no request with a TTFT deadline misses
@@ -93,22 +96,70 @@ class SlicePolicy:
             issue_plan(draft, Plan(prio, r.placement, [[prefill_feed(r, budget)]]))
         waiting = sorted(draft.waiting(prio),
                          key=lambda r: (r.ttft_deadline or float("inf"), r.arrival_s))
-        for r in waiting:
-            placed = draft.attempt([r.rid], partial(self._place, draft, r))
+        for i, r in enumerate(waiting):
+            if not draft.is_waiting(r):
+                continue  # packed into an earlier request's plan
+            if all(_prefilling(draft, d, prio) for d in draft.view.devices):
+                # NOTE: every device has a prefill of this class (or a higher one) in flight:
+                # a plan issued now would only queue behind it, so the requests wait and
+                # are packed into one batch when a plan ends (a round follows each end)
+                break
+            placed = draft.attempt([r.rid], partial(self._place, draft, r, waiting[i + 1:]))
             if placed is False:
                 draft.hold_back()
                 break  # NOTE: nothing fits now; later arrivals of this class wait behind it
 
-    def _place(self, draft: Draft, r: RequestView) -> bool:
-        """Admit `r` and issue its best candidate; preempt lower classes for KV if needed."""
+    def _place(self, draft: Draft, r: RequestView, later: list[RequestView]) -> bool:
+        """Admit `r` and issue its best candidate, with `later` waiting requests of its class
+        packed into its batch where that keeps deadlines (`_pack`); preempt lower classes for
+        KV if needed."""
         best = self._best(draft, r)
         if best is None and any(preempt_for(draft, d, r) for d in draft.view.devices):
             best = self._best(draft, r)
         if best is None:
             return False
-        draft.admit(r, best.plan.placement)
-        draft.issue(best.plan)
+        plan, mates = self._pack(draft, r, best, later)
+        for q in (r, *mates):
+            draft.admit(q, plan.placement)
+        draft.issue(plan)
         return True
+
+    def _pack(self, draft: Draft, r: RequestView, best: Scored,
+              later: list[RequestView]) -> tuple[Plan, list[RequestView]]:
+        """`best` with whole prompts of `later` requests added to its one batch, when it runs
+        on one device and every other device has a prefill of its class in flight (so they
+        would wait anyway): the longest such pack whose simulation keeps `r`'s score and
+        every packed request's deadline. A batch of several prompts costs far less than
+        their prefills one after another (the weights are read once per operator)."""
+        plan = best.plan
+        placement, prio = plan.placement, r.priority
+        device = placement[0]
+        if (len(set(placement)) != 1 or len(plan.chunks) != 1 or not later
+                or not all(_prefilling(draft, d, prio) for d in draft.view.devices
+                           if d != device)):
+            return plan, []
+        feeds, mates = list(plan.chunks[0]), []
+        budget = draft.view.cfg.max_batch_tokens
+        used = sum(f.num_tokens for f in feeds)
+        room = draft.room(device) - draft.admission_blocks(r, placement)
+        for q in later:
+            at = draft.on(q, placement)
+            feed = prefill_feed(at, budget)
+            need = draft.admission_blocks(q, placement)
+            if (not draft.is_waiting(q) or used + feed.num_tokens > budget or need > room
+                    or feed.num_tokens < at.num_tokens - at.num_computed):
+                break  # NOTE: only whole prompts join; the rest wait in their order
+            feeds.append(feed)
+            mates.append(q)
+            used, room = used + feed.num_tokens, room - need
+        while mates:
+            trial = draft.view.builder.build(Plan(prio, placement, [feeds[:len(mates) + 1]]))
+            pred = draft.simulate(trial)
+            if not pred.oom and _keeps(draft, pred, best, [r, *mates]):
+                trial.predicted_first_token_s = pred.first_token.get(r.rid, pred.end)
+                return trial, mates
+            mates.pop()
+        return plan, []
 
     def _best(self, draft: Draft, r: RequestView) -> Scored | None:
         """The feasible candidate with the best (deadlines missed, first token) score: its
@@ -204,8 +255,12 @@ class SlicePolicy:
 
     # -- low ---------------------------------------------------------------------------------
     def _low(self, draft: Draft) -> None:
-        if draft.num_waiting(Priority.HIGH) or draft.num_waiting(Priority.NORMAL):
-            return  # NOTE: urgent requests wait for memory; do not let low work take it
+        if any(draft.num_waiting(p) and not all(_prefilling(draft, d, p) for d in
+                                                draft.view.devices)
+               for p in (Priority.HIGH, Priority.NORMAL)):
+            # NOTE: urgent requests wait for memory; do not let low work take it (those that
+            # wait only for a prefill of their class to end leave low work the gaps)
+            return
         going = sorted((r for r in draft.runnable()
                         if r.priority == Priority.LOW and r.is_prefilling),
                        key=lambda r: r.arrival_s)
@@ -297,6 +352,23 @@ class SlicePolicy:
             return True
         pred = draft.simulate(plan)
         return not pred.oom and not _harmed(draft, pred)
+
+
+def _prefilling(draft: Draft, device: str, prio: Priority) -> bool:
+    """Whether a prefill plan of class `prio` or a higher one is in flight on `device`."""
+    return any(draft.prefills(device, p) for p in Priority if p <= prio)
+
+
+def _keeps(draft: Draft, pred: Prediction, best: Scored, members: list[RequestView]) -> bool:
+    """Whether a packed batch's prediction misses no more deadlines than its first request's
+    best plan alone, and keeps every packed request's own deadline."""
+    r = members[0]
+    first = pred.first_token.get(r.rid, pred.end)
+    missed = (r.ttft_deadline is not None and first > r.ttft_deadline) + _harmed(draft, pred)
+    if missed > best.score[0]:
+        return False
+    return all(q.ttft_deadline is None or pred.first_token.get(q.rid, pred.end) <= q.ttft_deadline
+               for q in members[1:])
 
 
 def _harmed(draft: Draft, pred: Prediction) -> int:

@@ -32,7 +32,8 @@ def make_view(waiting: Iterable[RequestView] = (), runnable: Iterable[RequestVie
               deadlines: tuple[tuple[str, float], ...] = (),
               load: dict[str, float] | None = None, cfg: SchedulerConfig = CFG,
               watermark: int = 0, host_free_bytes: int = 0,
-              running: Iterable[RequestView] = ()) -> RoundView:
+              running: Iterable[RequestView] = (),
+              prefills: dict[tuple[str, Priority], int] | None = None) -> RoundView:
     by_class: dict[Priority, list[RequestView]] = {p: [] for p in Priority}
     for r in waiting:
         by_class[r.priority].append(r)
@@ -42,7 +43,8 @@ def make_view(waiting: Iterable[RequestView] = (), runnable: Iterable[RequestVie
     return RoundView(now, cfg, DEVICES, NUM_OPS, {p: tuple(v) for p, v in by_class.items()},
                      tuple(runnable), tuple(running), dict.fromkeys(DEVICES, free_blocks),
                      dict.fromkeys(DEVICES, watermark), cfg.block_size, BLOCK_BYTES,
-                     host_free_bytes, snap, load or dict.fromkeys(DEVICES, 0.0), builder, {},
+                     host_free_bytes, snap, load or dict.fromkeys(DEVICES, 0.0), builder,
+                     prefills or {},
                      frozenset(), cfg.default_ttft_slo_s)
 
 

@@ -81,3 +81,60 @@ def test_when_every_candidate_is_oom_the_request_waits_without_error() -> None:
     view = dataclasses.replace(view, snapshot=dataclasses.replace(view.snapshot, devices=full))
     d = make_policy("slice").schedule(view)
     assert d.plans == [] and d.admissions == [] and d.failures == [] and d.retry_on_progress
+
+
+def _prefilling(*devices: str, priority: Priority = Priority.HIGH) -> dict:
+    """Prefill plans in flight: one of `priority` whose first op runs on each device."""
+    return {(d, priority): 1 for d in devices}
+
+
+def test_urgent_requests_wait_while_every_device_runs_a_prefill_of_their_class() -> None:
+    hp = req("hp", Priority.HIGH, prompt=40, slo=1.0)
+    d = make_policy("slice").schedule(make_view(waiting=[hp],
+                                                prefills=_prefilling("cpu:0", "cpu:1")))
+    assert not d.plans and not d.admissions
+    assert not d.retry_on_progress  # NOTE: the end of a plan brings the next round anyway
+    low_busy = _prefilling("cpu:0", "cpu:1", priority=Priority.LOW)
+    d = make_policy("slice").schedule(make_view(waiting=[hp], prefills=low_busy))
+    assert [a.rid for a in d.admissions] == ["hp"]
+
+
+def test_waiting_urgent_requests_are_packed_into_one_batch_on_the_free_device() -> None:
+    hps = [req(f"hp{i}", Priority.HIGH, prompt=40, arrival=0.01 * i, slo=1.0) for i in range(3)]
+    d = make_policy("slice").schedule(make_view(waiting=hps, prefills=_prefilling("cpu:1")))
+    (plan,) = d.plans
+    assert plan.placement == single("cpu:0")
+    assert [f.rid for f in plan.chunks[0]] == ["hp0", "hp1", "hp2"]
+    assert all(f.num_tokens == 40 for f in plan.chunks[0])  # whole prompts
+    assert [a.rid for a in d.admissions] == ["hp0", "hp1", "hp2"]
+    assert plan.predicted_first_token_s is not None
+
+
+def test_nothing_is_packed_while_another_device_is_free() -> None:
+    hps = [req(f"hp{i}", Priority.HIGH, prompt=40, arrival=0.01 * i, slo=1.0) for i in range(2)]
+    d = make_policy("slice").schedule(make_view(waiting=hps))
+    assert sorted(p.placement[0] for p in d.plans) == ["cpu:0", "cpu:1"]
+    assert all(len(p.chunks[0]) == 1 for p in d.plans)
+
+
+def test_a_pack_shrinks_until_the_first_request_keeps_its_deadline() -> None:
+    # alone: 6 ops of 1 ms + 0.1 ms/token -> 30 ms; two prompts 54 ms; three 78 ms
+    a = req("a", Priority.HIGH, prompt=40, slo=0.06)
+    b = req("b", Priority.HIGH, prompt=40, slo=0.07)
+    c = req("c", Priority.HIGH, prompt=40, slo=0.07, arrival=0.001)
+    d = make_policy("slice").schedule(make_view(waiting=[c, b, a],
+                                                prefills=_prefilling("cpu:1")))
+    (plan,) = d.plans
+    assert [f.rid for f in plan.chunks[0]] == ["a", "b"]
+    assert [a.rid for a in d.admissions] == ["a", "b"]  # "c" waits for the next plan's end
+
+
+def test_low_work_fills_the_gaps_while_urgent_requests_wait_only_for_a_prefill() -> None:
+    hp = req("hp", Priority.HIGH, prompt=40, slo=10.0)
+    low = req("low", Priority.LOW, prompt=40)
+    d = make_policy("slice").schedule(make_view(waiting=[hp, low],
+                                                prefills=_prefilling("cpu:0", "cpu:1")))
+    assert [a.rid for a in d.admissions] == ["low"]
+    small = req("small", Priority.LOW, prompt=8)  # 1 block fits where hp's 3 do not
+    no_room = make_policy("slice").schedule(make_view(waiting=[hp, small], free_blocks=2))
+    assert not no_room.admissions  # hp waits for memory: low work may not take it
