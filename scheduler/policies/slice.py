@@ -121,7 +121,7 @@ class SlicePolicy:
         plan, mates = self._pack(draft, r, best, later)
         for q in (r, *mates):
             draft.admit(q, plan.placement)
-        draft.issue(plan)
+        draft.issue(self._ride(draft, plan, best, [r, *mates]))
         return True
 
     def _pack(self, draft: Draft, r: RequestView, best: Scored,
@@ -160,6 +160,30 @@ class SlicePolicy:
                 return trial, mates
             mates.pop()
         return plan, []
+
+    def _ride(self, draft: Draft, plan: Plan, best: Scored,
+              members: list[RequestView]) -> Plan:
+        """`plan` (prompts on one device) with the next decode step of each request of its
+        class decoding there in its batch, where the simulation says the batch keeps `best`'s
+        score and its members' deadlines: their tokens come with the same weight reads
+        instead of a step of their own after it."""
+        placement = plan.placement
+        if len(set(placement)) != 1 or len(plan.chunks) != 1:
+            return plan
+        fed = set(plan.rids)  # NOTE: a one-token prompt is no prefill, yet it is fed already
+        riders = [q for q in draft.runnable() if q.placement == placement and q.rid not in fed
+                  and q.priority == plan.priority and not q.is_prefilling]
+        riders = [q for q in riders[:draft.view.cfg.max_decode_seqs]
+                  if draft.grow(q, q.num_tokens)]
+        if not riders:
+            return plan
+        feeds = [*plan.chunks[0], *(Feed(q, q.num_computed, 1) for q in riders)]
+        trial = draft.view.builder.build(Plan(plan.priority, placement, [feeds]))
+        pred = draft.simulate(trial)
+        if pred.oom or not _keeps(draft, pred, best, members):
+            return plan
+        trial.predicted_first_token_s = pred.first_token.get(members[0].rid, pred.end)
+        return trial
 
     def _best(self, draft: Draft, r: RequestView) -> Scored | None:
         """The feasible candidate with the best (deadlines missed, first token) score: its

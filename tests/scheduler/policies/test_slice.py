@@ -138,3 +138,41 @@ def test_low_work_fills_the_gaps_while_urgent_requests_wait_only_for_a_prefill()
     small = req("small", Priority.LOW, prompt=8)  # 1 block fits where hp's 3 do not
     no_room = make_policy("slice").schedule(make_view(waiting=[hp, small], free_blocks=2))
     assert not no_room.admissions  # hp waits for memory: low work may not take it
+
+
+def test_requests_decoding_on_the_device_ride_along_in_a_prefill_of_their_class() -> None:
+    hp = req("hp", Priority.HIGH, prompt=40, slo=1.0)
+    on0 = single("cpu:0")
+    dec = req("dec", Priority.HIGH, prompt=20, computed=20, output=1, placement=on0, blocks=2)
+    low = req("low", Priority.LOW, prompt=20, computed=20, output=1, placement=on0, blocks=2)
+    d = make_policy("slice").schedule(make_view(waiting=[hp], runnable=[dec, low],
+                                                prefills=_prefilling("cpu:1")))
+    prefill = next(p for p in d.plans if p.is_prefill)
+    assert prefill.placement == on0 and prefill.priority == Priority.HIGH
+    assert [(f.rid, f.num_tokens) for f in prefill.chunks[0]] == [("hp", 40), ("dec", 1)]
+    # the low request decodes in a step of its own, at its own class
+    assert [(p.priority, p.rids) for p in d.plans if not p.is_prefill] == [(Priority.LOW,
+                                                                            ("low",))]
+
+
+def test_no_request_rides_along_where_it_would_break_the_deadline() -> None:
+    on0 = single("cpu:0")
+    hp = req("hp", Priority.HIGH, prompt=40, slo=0.0305)  # alone: 30 ms; with riders: later
+    decs = [req(f"d{i}", Priority.HIGH, prompt=20, computed=20, output=1, placement=on0,
+                blocks=2) for i in range(8)]
+    d = make_policy("slice").schedule(make_view(waiting=[hp], runnable=decs,
+                                                prefills=_prefilling("cpu:1")))
+    prefill = next(p for p in d.plans if p.is_prefill)
+    assert prefill.placement == on0 and [f.rid for f in prefill.chunks[0]] == ["hp"]
+    relaxed = dataclasses.replace(hp, ttft_slo_s=1.0)
+    d = make_policy("slice").schedule(make_view(waiting=[relaxed], runnable=decs,
+                                                prefills=_prefilling("cpu:1")))
+    prefill = next(p for p in d.plans if p.is_prefill)
+    assert len(prefill.chunks[0]) == 9  # the same riders, where the deadline allows them
+
+
+def test_a_one_token_prompt_is_fed_once() -> None:
+    # found by the KV property test: a one-token prompt is not "prefilling" once admitted
+    hp = req("hp", Priority.HIGH, prompt=1, slo=1.0)
+    d = make_policy("slice").schedule(make_view(waiting=[hp], prefills=_prefilling("cpu:1")))
+    assert [[f.rid for f in c] for p in d.plans for c in p.chunks] == [["hp"]]
