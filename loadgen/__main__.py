@@ -12,6 +12,7 @@ from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
+from loadgen.bursts import add_parser as add_bursts_parser
 from loadgen.chaos_cli import add_parser as add_chaos_parser
 from loadgen.client import DIALECTS
 from loadgen.workload import parse_tenants
@@ -114,6 +115,8 @@ def _parser() -> argparse.ArgumentParser:
     _probe_parser(sub.add_parser("probe", help="what the serving path adds to a request"))
     add_chaos_parser(sub.add_parser("chaos", help="overload, faults, dropped streams, "
                                                   "fuzzing and soak, each against its server"))
+    add_bursts_parser(sub.add_parser("bursts", help="a run's TTFT by the arrivals just "
+                                                    "before each request, and its token gaps"))
     stub = sub.add_parser("stub", help="a model-free OpenAI-compatible server for dry runs",
                           add_help=False)
     stub.set_defaults(fn=None)
