@@ -5,12 +5,13 @@ each placed on the candidate partition (one device, a layer split over two,
 or a chunked pipeline over that split) with the earliest predicted first
 token that keeps its deadline (while every device runs a prefill of their
 class they wait, and the next plan on one device packs the whole prompts of
-those waiting into its batch where that keeps their deadlines); then decode
-steps, one per class; then
-low-priority prefills, packed into one plan per device of at most as many
-tokens as keep one layer group well inside the tightest SLO, each issued
-only if the simulation predicts that no request with a TTFT deadline misses
-it because of that batch. OOM candidates are discarded, never tried.
+those waiting, and the next decode step of requests of that class decoding
+there, into its batch where that keeps the deadlines); then decode steps,
+one per class; then low-priority prefills, packed into one plan per device
+of at most as many tokens as keep one layer group well inside the tightest
+SLO, each issued only if the simulation predicts that no request with a TTFT
+deadline misses it because of that batch. OOM candidates are discarded,
+never tried.
 """
 
 from __future__ import annotations
