@@ -156,6 +156,7 @@ class Executor:
 
     def _execute(self, op: OpInstance) -> None:
         op.start = time.monotonic()
+        cpu0 = time.thread_time()
         op.attempts += 1
         try:
             op.output = self._run(op)
@@ -166,6 +167,7 @@ class Executor:
         except Exception as e:  # an op fault: reported, the executor keeps running
             op.error, state = e, OpState.FAILED
         op.end = time.monotonic()  # NOTE: end before state, so dependents see both
+        op.cpu_s = time.thread_time() - cpu0
         op.state = state
         self.busy_s += op.end - op.start
         self.running = None

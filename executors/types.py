@@ -123,6 +123,9 @@ class OpInstance:
     ready_at: float | None = None
     start: float | None = None
     end: float | None = None
+    # NOTE: the worker thread's CPU time over (start, end) where an executor measures it; below
+    # end - start, the rest was waiting (for the GIL, or for a core)
+    cpu_s: float | None = None
     output: Any = None
     error: BaseException | None = None
     attempts: int = 0

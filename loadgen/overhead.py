@@ -89,13 +89,16 @@ class Sample:
     end_s: float
     spans: list[OpSpan] = field(default_factory=list)
 
-    def split_ms(self) -> dict[str, float]:
-        """before first op / ops / between ops / after last op, ms (empty without spans)."""
+    def split_ms(self) -> dict[str, float | None]:
+        """before first op / ops (and the executor threads' CPU time in them, None where the
+        server does not say) / between ops / after last op, ms (empty without spans)."""
         if not self.spans:
             return {}
         start, end = min(s.start_s for s in self.spans), max(s.end_s for s in self.spans)
         ops = sum(s.end_s - s.start_s for s in self.spans)
+        cpu = [s.cpu_s for s in self.spans if s.cpu_s is not None]
         return {"before_first_op": (start - self.send_s) * 1e3, "ops": ops * 1e3,
+                "ops_cpu": sum(cpu) * 1e3 if len(cpu) == len(self.spans) else None,
                 "between_ops": (end - start - ops) * 1e3,
                 "after_last_op": (self.end_s - end) * 1e3}
 
@@ -215,8 +218,9 @@ def summarize(config: ProbeConfig, direct: list[dict], samples: list[Sample]) ->
                 "server_ttft_ms": ttft, "server_total_ms": total,
                 "ttft_overhead_ms": None if ttft is None or d_ttft is None else ttft - d_ttft,
                 "overhead_ms": None if total is None or d_total is None else total - d_total,
-                "split_ms": {k: _med([sp[k] for sp in splits]) for k in
-                             ("before_first_op", "ops", "between_ops", "after_last_op")}})
+                "split_ms": {k: _med([v for sp in splits if (v := sp[k]) is not None]) for k in
+                             ("before_first_op", "ops", "ops_cpu", "between_ops",
+                              "after_last_op")}})
     conf = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()}
     return {"config": conf, "rows": rows, "goal": _goal(rows)}
 
@@ -234,9 +238,9 @@ def _fmt(v: float | None) -> str:
 
 def markdown(summary: dict[str, Any]) -> str:
     lines = ["| prompt | max_tokens | mode | direct TTFT ms | server TTFT ms | direct total ms "
-             "| server total ms | overhead ms | before 1st op | ops | between ops "
+             "| server total ms | overhead ms | before 1st op | ops | ops' CPU | between ops "
              "| after last op |",
-             "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in summary["rows"]:
         sp = r["split_ms"]
         lines.append(
@@ -244,7 +248,7 @@ def markdown(summary: dict[str, Any]) -> str:
             f"{_fmt(r['direct_ttft_ms'])} | {_fmt(r['server_ttft_ms'])} | "
             f"{_fmt(r['direct_total_ms'])} | {_fmt(r['server_total_ms'])} | "
             f"{_fmt(r['overhead_ms'])} | {_fmt(sp['before_first_op'])} | {_fmt(sp['ops'])} | "
-            f"{_fmt(sp['between_ops'])} | {_fmt(sp['after_last_op'])} |")
+            f"{_fmt(sp['ops_cpu'])} | {_fmt(sp['between_ops'])} | {_fmt(sp['after_last_op'])} |")
     g = summary["goal"]
     lines.append(f"\ngoal: {g['what']}: worst {_fmt(g['worst_ms'])} ms, "
                  f"{'met' if g['met'] else 'MISSED'}")

@@ -30,6 +30,7 @@ class OpSpan:
     end_s: float
     op: str = ""
     request_class: str = ""
+    cpu_s: float | None = None  # the executor thread's CPU time in it, where the server says
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +65,9 @@ def parse_timeline(payload: Any) -> list[OpSpan]:
         except (KeyError, TypeError, ValueError):
             raise ValueError(f"timeline entry without numeric start/end: {row!r}") from None
         cls = next((str(row[k]) for k in _CLASS_KEYS if k in row), "")
-        spans.append(OpSpan(str(row.get("device", "?")), start, end, str(row.get("op", "")), cls))
+        cpu = row.get("cpu")
+        spans.append(OpSpan(str(row.get("device", "?")), start, end, str(row.get("op", "")), cls,
+                            float(cpu) if isinstance(cpu, int | float) else None))
     return spans
 
 

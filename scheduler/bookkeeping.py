@@ -43,6 +43,7 @@ class Bookkeeping:
             return
         self.timeline.append({"device": op.device, "op": op.name, "role": op.role.value,
                               "class": op.priority.label, "start": op.start, "end": op.end,
+                              "cpu": op.cpu_s,
                               "num_seqs": op.shape.num_seqs, "num_tokens": op.shape.num_tokens,
                               "requests": op.request_ids, "ok": op.error is None})
 

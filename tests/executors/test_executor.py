@@ -48,6 +48,9 @@ def test_one_op_at_a_time_and_ready_rule_under_concurrent_enqueues() -> None:
         assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False))
     for op in created:
         assert op.state is OpState.DONE and op.ready_at is not None and op.start is not None
+        # the worker's CPU time in it: stamped, and a sleep spends almost none of its wall time
+        assert op.end is not None and op.cpu_s is not None
+        assert 0 <= op.cpu_s < op.end - op.start
         ends = [d.end for d in op.deps if d.end is not None]
         assert op.ready_at == max([op.issued_at or 0.0, *ends])
         assert op.start >= op.ready_at

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from pathlib import Path
 
@@ -20,8 +22,12 @@ def test_split_of_a_request_around_its_ops() -> None:
     spans = [OpSpan("cpu:0", 1.002, 1.010), OpSpan("cpu:0", 1.011, 1.020)]
     s = Sample((16, 2), "stream", 1.000, 1.015, 1.023, spans)
     split = s.split_ms()
+    assert split.pop("ops_cpu") is None  # the server did not say
     assert split == pytest.approx({"before_first_op": 2.0, "ops": 17.0, "between_ops": 1.0,
                                    "after_last_op": 3.0})
+    timed = [dataclasses.replace(x, cpu_s=0.006) for x in spans]
+    assert Sample((16, 2), "stream", 1.000, 1.015, 1.023, timed).split_ms()["ops_cpu"] == \
+        pytest.approx(12.0)
     assert Sample((16, 2), "json", 1.0, None, 1.1).split_ms() == {}
 
 
@@ -74,4 +80,6 @@ def test_probe_on_slicegate(tmp_path: Path) -> None:
         assert (r["server_ttft_ms"] is not None) == (r["mode"] == "stream")
         split = r["split_ms"]
         assert split["ops"] is not None and split["ops"] > 0  # spans from /admin/timeline
+        # the executor threads' CPU time in the ops: measured, and never above their wall time
+        assert split["ops_cpu"] is not None and 0 < split["ops_cpu"] <= split["ops"] + 0.5
     assert summary["goal"]["worst_ms"] is not None

@@ -104,6 +104,8 @@ def test_parse_timeline_formats_and_merge() -> None:
     event = {"device": "cpu:0", "op": "layers.0", "class": "high", "start": 1, "end": 2}
     assert parse_timeline([event]) == [OpSpan("cpu:0", 1.0, 2.0, "layers.0", "high")]
     assert parse_timeline({"now": 5.0, "events": [event, event]})[1].request_class == "high"
+    assert parse_timeline([{**event, "cpu": 0.25}])[0].cpu_s == 0.25
+    assert parse_timeline([{**event, "cpu": None}])[0].cpu_s is None
     with pytest.raises(ValueError, match="numeric start/end"):
         parse_timeline([{"device": "cpu:0"}])
     with pytest.raises(ValueError, match="unexpected /admin/timeline body"):
