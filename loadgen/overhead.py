@@ -111,13 +111,19 @@ def _tenants(path: Path) -> Path:
     return path
 
 
+def server_command(config: ProbeConfig, port: int) -> tuple[str, ...]:
+    """The probed server's command line (its tenants file is written on the way)."""
+    return (*config.serve_cmd, "--model", config.model, "--dtype", config.dtype,
+            "--devices", config.devices, "--tenants", str(_tenants(config.out / "tenants.yaml")),
+            "--host", "127.0.0.1", "--port", str(port),
+            # NOTE: `direct` recomputes every prompt; so must the server (no prefix cache)
+            "--no-prefix-cache")
+
+
 def _server(config: ProbeConfig) -> RunningServer:
     port = free_port()
-    command = (*config.serve_cmd, "--model", config.model, "--dtype", config.dtype,
-               "--devices", config.devices, "--tenants", str(_tenants(config.out / "tenants.yaml")),
-               "--host", "127.0.0.1", "--port", str(port))
-    return RunningServer(ServerSpec("slicegate", command, port, "/health", None,
-                                    config.ready_timeout_s), config.out / "server.log")
+    return RunningServer(ServerSpec("slicegate", server_command(config, port), port, "/health",
+                                    None, config.ready_timeout_s), config.out / "server.log")
 
 
 def run_direct(config: ProbeConfig, prompts: list[tuple[tuple[int, int], str]]) -> list[dict]:

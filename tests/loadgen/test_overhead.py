@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
-
 import json
 from pathlib import Path
 
 import pytest
 
 from loadgen.__main__ import main
-from loadgen.overhead import ProbeConfig, Sample, markdown, run_probe, summarize
+from loadgen.overhead import (
+    ProbeConfig,
+    Sample,
+    markdown,
+    run_probe,
+    server_command,
+    summarize,
+)
 from loadgen.timeline import OpSpan
 
 
@@ -83,3 +89,9 @@ def test_probe_on_slicegate(tmp_path: Path) -> None:
         # the executor threads' CPU time in the ops: measured, and never above their wall time
         assert split["ops_cpu"] is not None and 0 < split["ops_cpu"] <= split["ops"] + 0.5
     assert summary["goal"]["worst_ms"] is not None
+
+
+def test_the_probed_server_recomputes_every_prompt_as_direct_does(tmp_path: Path) -> None:
+    # a prefix cache would serve repeated probe prompts from KV that `direct` recomputes
+    command = server_command(ProbeConfig(out=tmp_path), 8000)
+    assert "--no-prefix-cache" in command and command[command.index("--port") + 1] == "8000"
