@@ -39,6 +39,9 @@ class Executor:
     """
 
     recovers = False  # whether a dead executor may come back (a restarted Ray actor)
+    # NOTE: whether the worker thread's CPU time is the op's (not for ops it only hands to a
+    # GPU or a remote actor and waits on)
+    measures_cpu = True
 
     def __init__(self, device: Device, run_op: RunOp, on_done: OnDone,
                  loop: asyncio.AbstractEventLoop | None, intra_op_threads: int = 1) -> None:
@@ -167,7 +170,7 @@ class Executor:
         except Exception as e:  # an op fault: reported, the executor keeps running
             op.error, state = e, OpState.FAILED
         op.end = time.monotonic()  # NOTE: end before state, so dependents see both
-        op.cpu_s = time.thread_time() - cpu0
+        op.cpu_s = time.thread_time() - cpu0 if self.measures_cpu else None
         op.state = state
         self.busy_s += op.end - op.start
         self.running = None

@@ -59,6 +59,7 @@ class RayExecutor(Executor):
     """The proxy of one remote device (see the module doc)."""
 
     recovers = True
+    measures_cpu = False  # the op runs in the actor; this thread waits on it
 
     def __init__(self, device: Device, remote: Remote, ledger: MemoryLedger, last_index: int,
                  pool: RemoteKVCache | None, on_done: OnDone,

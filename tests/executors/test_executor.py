@@ -184,3 +184,19 @@ def test_a_dying_executor_fails_every_op_it_holds_and_refuses_new_ones() -> None
         assert late.state is OpState.FAILED and "dead" in str(late.error)
     finally:
         ex.stop()
+
+
+def test_an_executor_that_hands_its_ops_away_leaves_their_cpu_time_unmeasured() -> None:
+    class HandsAway(Executor):
+        measures_cpu = False  # as the CUDA and Ray executors: the thread only waits
+
+    sink = Sink()
+    ex = HandsAway(Device("cpu:0", 1 << 40), lambda op: time.sleep(0.0002), sink, None)
+    ex.start()
+    try:
+        op = plain_op("cpu:0")
+        ex.enqueue(op)
+        sink.wait_finished([op])
+    finally:
+        ex.stop()
+    assert op.state is OpState.DONE and op.cpu_s is None
