@@ -124,7 +124,8 @@ class OpInstance:
     start: float | None = None
     end: float | None = None
     # NOTE: the worker thread's CPU time over (start, end) where an executor measures it; below
-    # end - start, the rest was waiting (for the GIL, or for a core)
+    # end - start, the rest was waiting (for the GIL, or for a core); with several intra-op
+    # threads it includes the worker spinning at their barriers
     cpu_s: float | None = None
     output: Any = None
     error: BaseException | None = None
