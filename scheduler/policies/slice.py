@@ -154,10 +154,9 @@ class SlicePolicy:
             mates.append(q)
             used, room = used + feed.num_tokens, room - need
         while mates:
-            trial = draft.view.builder.build(Plan(prio, placement, [feeds[:len(mates) + 1]]))
-            pred = draft.simulate(trial)
-            if not pred.oom and _keeps(draft, pred, best, [r, *mates]):
-                trial.predicted_first_token_s = pred.first_token.get(r.rid, pred.end)
+            trial = _trial(draft, Plan(prio, placement, [feeds[:len(mates) + 1]]), best,
+                           [r, *mates])
+            if trial is not None:
                 return trial, mates
             mates.pop()
         return plan, []
@@ -179,12 +178,7 @@ class SlicePolicy:
         if not riders:
             return plan
         feeds = [*plan.chunks[0], *(Feed(q, q.num_computed, 1) for q in riders)]
-        trial = draft.view.builder.build(Plan(plan.priority, placement, [feeds]))
-        pred = draft.simulate(trial)
-        if pred.oom or not _keeps(draft, pred, best, members):
-            return plan
-        trial.predicted_first_token_s = pred.first_token.get(members[0].rid, pred.end)
-        return trial
+        return _trial(draft, Plan(plan.priority, placement, [feeds]), best, members) or plan
 
     def _best(self, draft: Draft, r: RequestView) -> Scored | None:
         """The feasible candidate with the best (deadlines missed, first token) score: its
@@ -382,6 +376,17 @@ class SlicePolicy:
 def _prefilling(draft: Draft, device: str, prio: Priority) -> bool:
     """Whether a prefill plan of class `prio` or a higher one is in flight on `device`."""
     return any(draft.prefills(device, p) for p in Priority if p <= prio)
+
+
+def _trial(draft: Draft, plan: Plan, best: Scored, members: list[RequestView]) -> Plan | None:
+    """`plan` (a batch grown from `best`'s, `members` first) built and stamped with its first
+    token, if its simulation is not OOM and `_keeps` the deadlines; else None."""
+    trial = draft.view.builder.build(plan)
+    pred = draft.simulate(trial)
+    if pred.oom or not _keeps(draft, pred, best, members):
+        return None
+    trial.predicted_first_token_s = pred.first_token.get(members[0].rid, pred.end)
+    return trial
 
 
 def _keeps(draft: Draft, pred: Prediction, best: Scored, members: list[RequestView]) -> bool:
