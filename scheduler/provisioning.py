@@ -122,10 +122,10 @@ class _Layout:
         # NOTE: a replica being removed first (keeping it costs no copy); then best fit:
         # devices in use before idle ones (those stay releasable), a neighbour's device
         # first, then the fullest that stays under the bound
-        fits.sort(key=lambda d: (self.load[d] + share > MAX_UTIL, (index, d) not in draining,
-                                 not self.held[d], not self.neighbour(d, index),
-                                 -self.load[d], self.room[d]))
-        chosen = fits[:k]
+        def rank(d: str) -> tuple[bool, bool, bool, bool, float, int]:
+            return (self.load[d] + share > MAX_UTIL, (index, d) not in draining,
+                    not self.held[d], not self.neighbour(d, index), -self.load[d], self.room[d])
+        chosen = [min(fits, key=rank)] if k == 1 and fits else sorted(fits, key=rank)[:k]
         if chosen:
             self._recount(index, self.count[index] + len(chosen))
             for d in chosen:
@@ -185,12 +185,17 @@ def plan_opscale(loads: list[OpLoad], cluster: Cluster, slo_s: float,
 
 
 def _relieve(layout: _Layout) -> list[Change]:
-    """Replicas added until no device is predicted over `MAX_UTIL` (or none can help): for
-    the hottest device, its operator with the largest share gets as many more replicas as
-    bring that device under the bound, where they keep their devices under it."""
+    """Replicas added one at a time until no device is predicted over `MAX_UTIL` (or none can
+    help): for the hottest device, one more replica of its operator with the largest share
+    (of those large enough to matter) that has a device to go to, kept under the bound
+    there; then look again.
+
+    NOTE: one at a time, not as many as one operator would need to relieve the device alone
+    (a device that holds several operators is relieved by replicas of each; sizing by one
+    placed that operator on every device of the cluster), nor a quarter more at once (fewer
+    steps at 64 devices, 7% more device-seconds)."""
     adds: list[Change] = []
-    n = len(layout.c.devices)
-    for _ in range(n * len(layout.count)):
+    for _ in range(len(layout.c.devices) * len(layout.count)):
         hot = layout.hottest()
         excess = layout.load[hot] - MAX_UTIL
         if excess <= 0:
@@ -199,9 +204,7 @@ def _relieve(layout: _Layout) -> list[Change]:
         # small ones everywhere
         useful = [i for i in layout.held[hot] if layout.share(i) >= excess / len(layout.held[hot])]
         for i in sorted(useful, key=lambda i: -layout.share(i)):
-            left = layout.share(i) - excess
-            want = n if left <= 0 else min(n, math.ceil(layout.erlangs[i] / left))
-            placed = layout.add_many(i, max(1, want - layout.count[i]), True)
+            placed = layout.add_many(i, 1, True)
             if placed:
                 adds += [Change(i, d) for d in placed]
                 break

@@ -128,6 +128,7 @@ class ClusterSim:
         self.draining: set[tuple[int, str]] = set()
         self.kv_refs: dict[tuple[int, str], int] = {}
         self.queued_on: dict[tuple[int, str], int] = {}  # (op, device) -> ops queued/running
+        self.queued_work = [0.0] * n  # op -> seconds of its ops queued/running
         self.backlog = dict.fromkeys(self.devs, 0.0)
         self.queue: dict[str, list[tuple[int, float, int, _Task]]] = {d: [] for d in self.devs}
         self.busy: dict[str, bool] = dict.fromkeys(self.devs, False)
@@ -198,6 +199,7 @@ class ClusterSim:
         if task.cls != COPY:
             key = (task.index, device)
             self.queued_on[key] = self.queued_on.get(key, 0) + 1
+            self.queued_work[task.index] += task.dur
         if delay > 0:
             self._push(self.now + delay, 2, (device, task))
         else:
@@ -220,6 +222,7 @@ class ClusterSim:
         else:
             key = (task.index, device)
             self.queued_on[key] -= 1
+            self.queued_work[task.index] -= task.dur
             if self.added_at.pop(key, None) is not None and key in self._plan_time:
                 self.res.scale_up_s.append(self.now - self._plan_time.pop(key))
             if task.cls == PREFILL:
@@ -381,20 +384,21 @@ class ClusterSim:
 
     def _loads(self, window: float) -> list[OpLoad]:
         """Per operator over the last `window` seconds: the op work requests brought, plus
-        the ops still queued as arrivals within the window (as the scheduler's provisioner
-        counts them)."""
+        the ops still queued or running as arrivals of one more instance each within the
+        window, at the same mean seconds (as the scheduler's provisioner counts them)."""
         keep = max(self.cfg.window_s, self.cfg.keep_window_s)
         while self.issued and self.issued[0][0] < self.now - keep:
             self.issued.popleft()
         n = len(self.chain.ops)
-        count, work = [0] * n, [0.0] * n
+        count, work, queued = [0] * n, [0.0] * n, [0] * n
         for t, i, dur in self.issued:
             if t >= self.now - window:
                 count[i] += 1
                 work[i] += dur
         for (i, _), q in self.queued_on.items():
-            count[i] += q
-        return [OpLoad(c / window, s / c if c else 0.0) for c, s in zip(count, work, strict=True)]
+            queued[i] += q
+        return [OpLoad((c + q) / window, s / c if c else self.queued_work[i] / max(1, q))
+                for i, (c, s, q) in enumerate(zip(count, work, queued, strict=True))]
 
     def _pending_tokens_per_s(self) -> float:
         w = self.cfg.model_interval_s

@@ -100,6 +100,17 @@ def test_opscale_keeps_devices_under_their_bound() -> None:
         assert sum(ls[i].erlangs / c.count(i) for i in ops) <= 0.9 + 1e-9, d
 
 
+def test_opscale_relieves_a_device_holding_every_operator_with_a_few_devices() -> None:
+    ls = [OpLoad(100.0, 0.003)] * 5  # 0.3 Erlangs each: 1.5 on d0, which holds them all
+    plan = plan_opscale(ls, cluster(one_replica()), 60.0)
+    c = applied(cluster(one_replica()), plan)
+    used = [d for d, ops in c.held.items() if ops]
+    for d in used:
+        assert sum(ls[i].erlangs / c.count(i) for i in c.held[d]) <= 0.9 + 1e-9, d
+    assert len(used) == 2  # 1.5 Erlangs fit on two devices, not one replica on each of six
+    assert set(plan.idle) == set(DEVS) - set(used)
+
+
 def test_opscale_uses_the_longer_window_before_removing() -> None:
     held = one_replica()
     for d in ("d1", "d2", "d3"):

@@ -1,4 +1,4 @@
-from scheduler.bench.clustersim import Chain, Job, OpSpec, SimConfig, simulate_cluster
+from scheduler.bench.clustersim import Chain, ClusterSim, Job, OpSpec, SimConfig, simulate_cluster
 from scheduler.bench.provisioning import coarsen, pack, scaled, work_s
 
 
@@ -46,3 +46,13 @@ def test_pack_and_coarsen() -> None:
     assert pack((3, 3, 3), 3, (10, 10, 10), 25) is None  # does not fit
     c = coarsen(chain(), 1)
     assert len(c.ops) == 3 and c.ops[1].weight_bytes == 300
+
+
+def test_queued_ops_count_as_demand_as_the_provisioner_counts_them() -> None:
+    sim = ClusterSim(chain(), jobs(40, 0.0), SimConfig("opscale", 2, 10_000, 5.0))
+    for k in range(40):  # forty prompts at once: one runs, the rest queue on embed
+        sim._arrive(k)
+    sim.issued.clear()  # NOTE: as if they had arrived before the window
+    embed = sim._loads(5.0)[0]
+    assert embed.arrivals_per_s == 40 / 5.0
+    assert embed.erlangs > 0  # the queue is demand even when nothing new arrived
