@@ -1,4 +1,4 @@
-"""`python -m models prepare|tune|generate|direct|bench`."""
+"""`python -m models prepare|tune|generate|direct|bench|first-runs`."""
 
 from __future__ import annotations
 
@@ -94,6 +94,11 @@ def _bench(args: argparse.Namespace) -> None:
     run(args.model, args.dtypes.split(","), args.repeats, args.threads, args.json)
 
 
+def _first_runs(args: argparse.Namespace) -> None:
+    from models.bench_first import run
+    run(args.model, args.threads, args.json)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m models", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -138,6 +143,11 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--threads", type=int, default=1)
     b.add_argument("--json", type=Path, default=None)
     b.set_defaults(fn=_bench)
+    f = sub.add_parser("first-runs", help="the first prefill at a new prompt length, timed")
+    f.add_argument("--model", default="default")
+    f.add_argument("--threads", type=int, default=1)
+    f.add_argument("--json", type=Path, default=None)
+    f.set_defaults(fn=_first_runs)
     return p
 
 

@@ -39,7 +39,7 @@ def contexts(batch: int) -> list[int]:
     return [64 + (448 * i) // max(1, batch - 1) for i in range(batch)]
 
 
-def _ours_batch(model: Model, kv: KVCache, lens_new: list[int], lens_past: list[int]) -> Batch:
+def ours_batch(model: Model, kv: KVCache, lens_new: list[int], lens_past: list[int]) -> Batch:
     seqs = []
     for i, (n, past) in enumerate(zip(lens_new, lens_past, strict=True)):
         table = kv.allocator.allocate(blocks_for(n + past, BLOCK))
@@ -54,7 +54,7 @@ def _chain(model: Model, batch: Batch, kv: KVCache) -> None:
         x = op.run(batch, x, kv)
 
 
-def _per_op(model: Model, batch: Batch, kv: KVCache) -> list[float]:
+def per_op_seconds(model: Model, batch: Batch, kv: KVCache) -> list[float]:
     times, x = [], None
     for op in model.ops:
         t0 = time.perf_counter()
@@ -71,7 +71,7 @@ def _floors(model: Model, w: FloorWeights, rows: int, sampled: int,
 
 
 def prefill_case(model: Model, hf: torch.nn.Module, kv: KVCache, w: FloorWeights, n: int) -> Case:
-    batch = _ours_batch(model, kv, [n], [0])
+    batch = ours_batch(model, kv, [n], [0])
     ids = batch.input_ids[None]  # [1, n]
     g = model.config.num_heads // model.config.num_kv_heads
 
@@ -80,12 +80,12 @@ def prefill_case(model: Model, hf: torch.nn.Module, kv: KVCache, w: FloorWeights
             hf(ids, use_cache=True, logits_to_keep=1)
     return Case(f"prefill {n}", n, lambda: _chain(model, batch, kv), run_hf,
                 _floors(model, w, n, 1, [AttnShape(1, g * n, n)]),
-                lambda: _per_op(model, batch, kv))
+                lambda: per_op_seconds(model, batch, kv))
 
 
 def decode_case(model: Model, hf: torch.nn.Module, kv: KVCache, w: FloorWeights, b: int) -> Case:
     ctx = contexts(b)
-    batch = _ours_batch(model, kv, [1] * b, ctx)
+    batch = ours_batch(model, kv, [1] * b, ctx)
     lmax = max(ctx)
     # transformers: left-padded cache of the same contexts, then one decode step
     mask = torch.zeros(b, lmax + 1, dtype=torch.long)
@@ -106,4 +106,4 @@ def decode_case(model: Model, hf: torch.nn.Module, kv: KVCache, w: FloorWeights,
     padded = blocks_for(lmax + 1, BLOCK) * BLOCK
     return Case(f"decode b={b}", b, lambda: _chain(model, batch, kv), run_hf,
                 _floors(model, w, b, b, [AttnShape(b, g, padded)]),
-                lambda: _per_op(model, batch, kv))
+                lambda: per_op_seconds(model, batch, kv))
