@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from executors.types import OpInstance, OpRole, Priority
 from models.batch import BatchShape
 from models.template import GraphTemplate, OpKind
+from scheduler.firstrows import FirstRows
 from scheduler.gmg import SimOp
 from scheduler.requestview import Placement, RequestView
 from scheduler.simulator import Candidate
@@ -95,6 +96,7 @@ class Builder:
     block_size: int
     op_time: OpTime
     xfer_time: XferTime
+    first_rows: FirstRows | None = None  # charges first runs at new row counts (CPU)
     ids: itertools.count = field(default_factory=itertools.count)
 
     def _op(self, plan: Plan, role: OpRole, index: int, name: str, device: str,
@@ -118,8 +120,9 @@ class Builder:
         """Fill `plan.ops`, `plan.chunk_ops` and `plan.finals` (new op ids)."""
         plan.ops, plan.chunk_ops, plan.finals, plan.candidate = [], [], [], None
         prev_chunk: dict[int, OpInstance] = {}
+        charged: set[int] = set()  # row counts whose first run this plan already carries
         for chunk in plan.chunks:
-            prev_chunk = self._chunk(plan, chunk, prev_chunk)
+            prev_chunk = self._chunk(plan, chunk, prev_chunk, charged)
         plan.first_tokens = {}
         for chunk, final in zip(plan.chunks, plan.finals, strict=True):
             rids = tuple(f.rid for f in chunk if f.first_token)
@@ -127,8 +130,8 @@ class Builder:
                 plan.first_tokens[final.op_id] = rids
         return plan
 
-    def _chunk(self, plan: Plan, chunk: list[Feed], prev_chunk: dict[int, OpInstance]
-               ) -> dict[int, OpInstance]:
+    def _chunk(self, plan: Plan, chunk: list[Feed], prev_chunk: dict[int, OpInstance],
+               charged: set[int]) -> dict[int, OpInstance]:
         rids = tuple(f.rid for f in chunk)
         shape = shape_of_chunk(chunk)
         mine: dict[int, OpInstance] = {}
@@ -148,6 +151,8 @@ class Builder:
                 deps.append(prev_chunk[t.index])  # this chunk's attention reads that KV
             op.deps = tuple(deps)
             op.est_s = self.op_time(dev, t.name, shape)
+            if t.kind is OpKind.LAYERS and self.first_rows is not None:
+                op.est_s += self.first_rows.charge(dev, shape, op.est_s, charged)
             op.mem_bytes = t.activation_bytes(shape)
             mine[t.index] = prev = op
         assert prev is not None

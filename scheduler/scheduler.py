@@ -25,6 +25,7 @@ from executors.memory import MemoryLedger
 from executors.types import Device, OpInstance, OpState, Priority
 from models.batch import BatchSource, SeqSpec
 from models.loader import Model
+from scheduler import firstrows
 from scheduler.actuation import Actuation, Demand
 from scheduler.admission import EVICTED, DrainRate
 from scheduler.api import NO_DEVICE, SchedulerStats
@@ -79,7 +80,9 @@ class Scheduler:
         self.fair = FairShare()  # virtual token counters per class and tenant
         self.drain = DrainRate()  # prompt tokens served per second (predicts Retry-After)
         self.inflight = InFlight()
-        self.builder = Builder(model.template, self.cfg.block_size, op_time, xfer_time)
+        self.first_rows = firstrows.PROCESS  # oneDNN's primitive cache is process-wide
+        self.builder = Builder(model.template, self.cfg.block_size, op_time, xfer_time,
+                               self.first_rows)
         self.exec = Execution(model, self.devices, self.kv, self.ledgers,
                               self._on_done_thread, executor_factory)
         self.demand = Demand()  # op instances issued per operator (for provisioning)
@@ -358,6 +361,7 @@ class Scheduler:
         self._attach_batches(plan)
         self.gmg.add(plan.ops, plan.first_tokens)
         self.inflight.add(plan)
+        self.first_rows.issued(plan.ops, self.model.template, self.builder.op_time)
         if self.provisioner is not None:
             self.demand.record(plan.ops, now)
         for op in plan.ops:
@@ -430,7 +434,8 @@ class Scheduler:
         booked, self._booked = self._booked, []
         for op in booked:
             self.books.record_op(op)
-            if self.estimator is not None and op.error is None:
+            first = self.first_rows.observed(op)  # NOTE: learnt there, not refit
+            if self.estimator is not None and op.error is None and not first:
                 self.estimator.observe(op)
 
     def _on_done(self, op: OpInstance) -> None:

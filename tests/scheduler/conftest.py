@@ -5,6 +5,7 @@ import pytest
 import models
 from executors.types import Device
 from models.batch import BatchShape
+from scheduler import firstrows
 from scheduler.config import SchedulerConfig
 from scheduler.scheduler import Scheduler
 
@@ -16,6 +17,12 @@ def linear_time(device: str, name: str, shape: BatchShape) -> float:
 
 def xfer_time(src: str, dst: str, num_bytes: int) -> float:
     return 1e-4
+
+
+@pytest.fixture(autouse=True)
+def fresh_first_rows() -> None:
+    """Each test starts as a fresh process would: no row counts run, no ratio learnt."""
+    firstrows.PROCESS.reset()
 
 
 @pytest.fixture(scope="session")

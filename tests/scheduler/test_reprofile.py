@@ -65,8 +65,10 @@ async def test_a_drifted_kind_is_profiled_again_when_the_devices_are_idle(
         for e in est.ops.values():  # the machine got three times faster than its profile
             e.base, e.theta = 3 * e.base, 3 * e.theta
             e._publish()
-        for k in range(layers.window):
-            est.observe_op("cpu:0", name, shape, true_s, at=100.0 + k)
+        # NOTE: after the live request's ops (in op time), a full window past the next refit
+        t0 = sched.clock()
+        for k in range(layers.window + layers.refit_every):
+            est.observe_op("cpu:0", name, shape, true_s, at=t0 + 0.01 * k)
         assert sched.profiler is not None
         await sched.profiler.idle()
         assert sched.profiler.kinds_done == ["cpu"]
