@@ -68,6 +68,8 @@ class FirstRows:
             rows = op.shape.num_tokens
             if "cpu" in op.device and rows not in self.seen:
                 self.pending[op.op_id] = op_time(op.device, op.name, op.shape)
+                if len(self.pending) > SEEN_CAPACITY:  # NOTE: ops withdrawn before they ran
+                    del self.pending[next(iter(self.pending))]
             self.seen[rows] = None
             self.seen.move_to_end(rows)
             if len(self.seen) > SEEN_CAPACITY:

@@ -76,3 +76,10 @@ def test_other_devices_and_old_row_counts_are_not_charged() -> None:
     assert 1000 not in first.seen and len(first.seen) == SEEN_CAPACITY  # the oldest forgotten
     op = layer_ops(plan(first, 1000))[0]
     assert op.est_s == 3.0 * linear_time(op.device, op.name, op.shape)  # charged again
+
+
+def test_ops_that_never_ran_are_forgotten() -> None:
+    first = FirstRows()
+    for k in range(SEEN_CAPACITY + 10):  # issued, withdrawn, never observed
+        first.issued(plan(first, 2000 + k).ops, TEMPLATE, linear_time)
+    assert len(first.pending) == SEEN_CAPACITY
