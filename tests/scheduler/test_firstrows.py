@@ -81,5 +81,8 @@ def test_other_devices_and_old_row_counts_are_not_charged() -> None:
 def test_ops_that_never_ran_are_forgotten() -> None:
     first = FirstRows()
     for k in range(SEEN_CAPACITY + 10):  # issued, withdrawn, never observed
-        first.issued(plan(first, 2000 + k).ops, TEMPLATE, linear_time)
+        ops = plan(first, 2000 + k).ops
+        for i, op in enumerate(ops):
+            op.op_id = 100 * k + i  # NOTE: unique, as one scheduler's builder numbers them
+        first.issued(ops, TEMPLATE, linear_time)
     assert len(first.pending) == SEEN_CAPACITY
