@@ -132,6 +132,7 @@ class ClusterSim:
         self.backlog = dict.fromkeys(self.devs, 0.0)
         self.queue: dict[str, list[tuple[int, float, int, _Task]]] = {d: [] for d in self.devs}
         self.busy: dict[str, bool] = dict.fromkeys(self.devs, False)
+        self.running: dict[str, _Task | None] = dict.fromkeys(self.devs)
         self.events: list[tuple[float, int, int, object]] = []
         self.seq = itertools.count()
         self.now = 0.0
@@ -210,10 +211,12 @@ class ClusterSim:
             return
         task = heapq.heappop(self.queue[device])[3]
         self.busy[device] = True
+        self.running[device] = task
         self._push(self.now + task.dur, 3, (device, task))
 
     def _finish(self, device: str, task: _Task) -> None:
         self.busy[device] = False
+        self.running[device] = None
         self.backlog[device] -= task.dur
         if task.cls == COPY:
             for c in task.change:
@@ -384,7 +387,7 @@ class ClusterSim:
 
     def _loads(self, window: float) -> list[OpLoad]:
         """Per operator over the last `window` seconds: the op work requests brought, plus
-        the ops still queued or running as arrivals of one more instance each within the
+        the ops queued and not started as arrivals of one more instance each within the
         window, at the same mean seconds (as the scheduler's provisioner counts them)."""
         keep = max(self.cfg.window_s, self.cfg.keep_window_s)
         while self.issued and self.issued[0][0] < self.now - keep:
@@ -397,6 +400,9 @@ class ClusterSim:
                 work[i] += dur
         for (i, _), q in self.queued_on.items():
             queued[i] += q
+        for task in self.running.values():  # NOTE: queued and not started, as the GMG counts
+            if task is not None and task.cls != COPY:
+                queued[task.index] -= 1
         return [OpLoad((c + q) / window, s / c if c else self.queued_work[i] / max(1, q))
                 for i, (c, s, q) in enumerate(zip(count, work, queued, strict=True))]
 
