@@ -172,7 +172,7 @@ def simulate(snapshot: Snapshot, candidate: Candidate | None = None) -> Predicti
     run = _Run([None] * len(g.ops), [None] * len(g.ops), mem, list(mem))
     inter = snapshot.interference
     host = inter.sharing(g.devices) if inter is not None and not inter.is_neutral() else None
-    if inter is not None and host is not None and max(host) >= 0:
+    if inter is not None and host is not None and max(host, default=-1) >= 0:
         _classes(snapshot, g, inter)
         end = _run_shared(g, run, snapshot.now, inter, host)
     else:
@@ -302,7 +302,7 @@ def _run_shared(g: _Graph, r: _Run, now: float, inter: Interference, host: list[
             starts.append((i, d, dur[i]))
     first_token = r.first_token
     factors, hosts, members = sh.factors, sh.hosts, sh.members
-    t = now
+    t = end = now
     for j, d, left in starts:  # begin the ops running at `now`
         running[d] = j
         mem[d] += mem_of[j]
@@ -348,7 +348,8 @@ def _run_shared(g: _Graph, r: _Run, now: float, inter: Interference, host: list[
             if live[i] == sq:
                 break
         else:
-            return t
+            return end  # NOTE: not `t`, which may be a replaced entry's (a later time)
+        end = t
         d = dev[i]
         running[d] = -1
         finish[i] = t
