@@ -110,3 +110,17 @@ def test_the_end_is_the_last_completion_on_a_shared_host() -> None:
     pred = simulate(Snapshot(0.0, (a, b), (), (), inter))
     assert pred.finish[1] == 0.75
     assert pred.end == pred.finish[0] == 0.75 + 0.5
+
+
+def test_ops_timed_together_on_a_host_end_in_device_order_on_a_tie() -> None:
+    # a RECV running on cpu:1 and one starting on cpu:0 (no slowdown) end together; cpu:0's
+    # is timed first, so its successor takes the idle cpu:2 first
+    inter = Interference({"cpu:0": "h", "cpu:1": "h"}, {("layers", "layers"): 1.5})
+    a = SimOp(0, "recv", "cpu:1", Priority.LOW, (), 0.5, 0.0, 0.0, 0)
+    b = SimOp(1, "recv", "cpu:0", Priority.LOW, (), 0.5, 0.0, None, 0)
+    c = SimOp(2, "embed", "cpu:2", Priority.LOW, (0,), 0.25, 0.0, None, 0)
+    d = SimOp(3, "embed", "cpu:2", Priority.LOW, (1,), 0.25, 0.0, None, 0)
+    snap = Snapshot(0.0, (a, b, c, d), (), (), inter)
+    pred = simulate(snap)
+    assert pred == reference(snap)
+    assert pred.start[3] == 0.5 and pred.start[2] == 0.75
