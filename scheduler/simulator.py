@@ -369,15 +369,34 @@ def _run_shared(g: _Graph, r: _Run, now: float, sh: _Shared) -> float:
         running[d] = -1
         finish[i] = t
         mem[d] -= mem_of[i]
-        h = host[d]
-        if h >= 0:
-            code[h] -= digit[i]
-            if h not in changed:
-                changed.append(h)
         if i in firsts:
             for rid in firsts[i]:
                 first_token[rid] = t
         woken, mine = _release(i, d, nxt, more, waiting, dev, ready, keys)
+        h = host[d]
+        if h >= 0 and len(woken) == 1 and (mine >= 0 or ready[d]):
+            # NOTE: the common case, an op ends on a shared host and the next starts on its
+            # device alone: what the re-timing would do, without its lists
+            j = heappushpop(ready[d], keys[mine])[-1] if mine >= 0 else heappop(ready[d])[-1]
+            running[d] = j
+            start[j] = t
+            mem[d] += mem_of[j]
+            if mem[d] > peak[d]:
+                peak[d] = mem[d]
+            if digit[j] == digit[i]:  # same class: the host's slowdowns stay; time `j` alone
+                s = (table.get(code[h]) or factors(code[h]))[cls[j]]
+                last[j], slow[j] = t, s
+                seq += 1
+                live[j] = seq
+                heappush(events, (t + rem[j] * s, pr[j], seq, j))
+            else:
+                code[h] += digit[j] - digit[i]
+                fresh[h].append(j)
+                changed.append(h)
+            continue
+        if h >= 0:
+            code[h] -= digit[i]
+            changed.append(h)  # NOTE: the first change since the re-timing
         for d in woken:  # the op's own device first, then its successors' (as the executors)
             if running[d] >= 0:
                 continue
