@@ -45,6 +45,7 @@ class Interference:
         self.excess = tuple(tuple(self.slowdown.get((a, b), 1.0) - 1.0 for b in OP_CLASSES)
                             for a in OP_CLASSES)
         self._index: dict[str, int] = {}
+        self._neutral = all(e == 0.0 for row in self.excess for e in row)
         self._tables: dict[int, dict[int, list[float]]] = {}  # base -> code -> `factors`
 
     def class_index(self, name: str) -> int:
@@ -105,7 +106,7 @@ class Interference:
 
     def is_neutral(self) -> bool:
         """Whether no factor slows anything (then nothing needs the fluid model)."""
-        return all(e == 0.0 for row in self.excess for e in row)
+        return self._neutral
 
     def to_dict(self) -> dict[str, Any]:
         return {"hosts": self.hosts,

@@ -24,12 +24,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from heapq import heappop, heappush, heappushpop
-from itertools import compress
-from typing import NamedTuple
+from itertools import compress, repeat
 
-from executors.dispatch import dispatch_key
 from executors.interference import Interference
-from executors.types import Priority
 from scheduler.gmg import SimOp, Snapshot
 
 
@@ -137,46 +134,31 @@ def _graph(snapshot: Snapshot, candidate: Candidate) -> _Graph:
         base = snapshot.cache["graph"] = _build(snapshot, list(snapshot.ops))
     if not candidate.ops:
         return base
-    new = candidate.ops
-    n0 = len(base.ops)
-    # NOTE: candidate ops are issued at the snapshot's time
-    keys = base.keys + [(*dispatch_key(_Issued(o.priority, snapshot.now, o.op_id)), n0 + k)
-                        for k, o in enumerate(new)]
+    new, n0, m = candidate.ops, len(base.ops), len(candidate.ops)
+    ids, _, on, prio, deps, est, _, _, mem_of, fto, _ = zip(*new, strict=True)
+    # NOTE: candidate ops are issued at the snapshot's time; `dispatch_key` inlined
+    pr = list(map(int, prio))
+    keys = base.keys + list(zip(pr, repeat(snapshot.now), ids, range(n0, n0 + m), strict=False))
     where = base.where
-    if any(o.device not in where for o in new) or any(o.op_id in base.index for o in new):
+    if not where.keys() >= set(on) or not base.index.keys().isdisjoint(ids):
         return _build(snapshot, [*base.ops, *new], keys)
     index = base.index.copy()
-    for k, o in enumerate(new):
-        index[o.op_id] = n0 + k
-    nxt, more = base.nxt + [-1] * len(new), base.more.copy()
-    waiting = base.waiting + [0] * len(new)
-    for k, o in enumerate(new):
-        i = n0 + k
-        for d in o.deps:
-            j = index.get(d)
+    index.update(zip(ids, range(n0, n0 + m), strict=True))
+    nxt, more = base.nxt + [-1] * m, base.more.copy()
+    waiting = base.waiting + [0] * m
+    get = index.get
+    for i, ds in enumerate(deps, n0):
+        for d in ds:
+            j = get(d)
             if j is not None:
                 waiting[i] += 1
                 _link(nxt, more, j, i)
     firsts = base.firsts
-    if any(o.first_token_of for o in new):
-        firsts = {**firsts, **{n0 + k: o.first_token_of for k, o in enumerate(new)
-                               if o.first_token_of}}
-    ops = [*base.ops, *new]
-    ids = base.ids + [o.op_id for o in new]
-    return _Graph(ops, ids, index, base.devices, where, base.dev + [where[o.device] for o in new],
-                  nxt, more, waiting, keys, base.pr + [k[0] for k in keys[n0:]], firsts,
-                  base.dur + [o.est_s for o in new], base.mem_of + [o.mem_bytes for o in new])
-
-
-class _Issued(NamedTuple):
-    """A candidate op as the dispatch rule reads it: issued at the snapshot's time.
-
-    NOTE: a tuple, not `dataclasses.replace` of the SimOp, which cost ~2 µs an op here.
-    """
-
-    priority: Priority
-    issued_at: float
-    op_id: int
+    if any(fto):
+        firsts = {**firsts, **dict(compress(enumerate(fto, n0), fto))}
+    return _Graph([*base.ops, *new], base.ids + list(ids), index, base.devices, where,
+                  base.dev + list(map(where.__getitem__, on)), nxt, more, waiting, keys,
+                  base.pr + pr, firsts, base.dur + list(est), base.mem_of + list(mem_of))
 
 
 @dataclass(slots=True)
@@ -199,8 +181,8 @@ def simulate(snapshot: Snapshot, candidate: Candidate | None = None) -> Predicti
            for d in g.devices]
     run = _Run([None] * len(g.ops), [None] * len(g.ops), mem, list(mem))
     inter = snapshot.interference
-    host = inter.sharing(g.devices) if inter is not None and not inter.is_neutral() else None
-    if inter is not None and host is not None and max(host, default=-1) >= 0:
+    host = _sharing(snapshot, g, inter) if inter is not None else None
+    if inter is not None and host is not None:
         _classes(snapshot, g, inter)
         end = _run_shared(g, run, snapshot.now, _Shared(g, inter, host))
     else:
@@ -217,6 +199,22 @@ def _by_id(ids: list[int], times: list[float | None]) -> dict[int, float]:
     if None not in times:
         return dict(zip(ids, times, strict=True))  # type: ignore[arg-type]
     return {ids[i]: x for i, x in enumerate(times) if x is not None}
+
+
+def _sharing(snapshot: Snapshot, g: _Graph, inter: Interference) -> list[int] | None:
+    """Host index per device of `g` (`Interference.sharing`) if some share a host and the
+    model slows anything, else None; kept for the snapshot's devices (its candidates')."""
+    if g.devices is not snapshot.cache["graph"].devices:
+        return _shared_hosts(inter, g.devices)
+    if "sharing" not in snapshot.cache:
+        snapshot.cache["sharing"] = _shared_hosts(inter, g.devices)
+    host: list[int] | None = snapshot.cache["sharing"]
+    return host
+
+
+def _shared_hosts(inter: Interference, devices: list[str]) -> list[int] | None:
+    host = inter.sharing(devices)
+    return host if not inter.is_neutral() and max(host, default=-1) >= 0 else None
 
 
 def _classes(snapshot: Snapshot, g: _Graph, inter: Interference) -> None:
@@ -490,7 +488,8 @@ class _Shared:
         self.table = inter.factor_table(base)  # code -> slowdown per class index
         self.factors = partial(inter.factors, base)  # fills `table`
         self.cls = g.cls
-        self.digit = [base ** c if c >= 0 else 0 for c in self.cls]
+        powers = [base ** c for c in range(len(inter.classes))] + [0]  # index -1: 0
+        self.digit = list(map(powers.__getitem__, self.cls))
         self.code = [0] * len(hosts)
         self.timed = [0] * len(hosts)
         self.fresh: list[list[int]] = [[] for _ in hosts]
