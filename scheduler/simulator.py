@@ -20,7 +20,7 @@ works on flat lists indexed by position and keeps each device's ready ops in a h
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from heapq import heappop, heappush, heappushpop
@@ -161,6 +161,9 @@ def _graph(snapshot: Snapshot, candidate: Candidate) -> _Graph:
                   base.pr + pr, firsts, base.dur + list(est), base.mem_of + list(mem_of))
 
 
+_NOTHING = Candidate(())
+
+
 @dataclass(slots=True)
 class _Run:
     """The simulation's results so far, by op position and device index."""
@@ -174,17 +177,17 @@ class _Run:
 
 def simulate(snapshot: Snapshot, candidate: Candidate | None = None) -> Prediction:
     """Predict when every op in flight (and the candidate's) starts and finishes."""
-    cand = candidate or Candidate(())
+    cand = candidate or _NOTHING
     g = _graph(snapshot, cand)
     views = {d.name: d for d in snapshot.devices}
     mem = [views[d].reserved_bytes + cand.kv_bytes.get(d, 0) if d in views else 0
            for d in g.devices]
     run = _Run([None] * len(g.ops), [None] * len(g.ops), mem, list(mem))
     inter = snapshot.interference
-    host = _sharing(snapshot, g, inter) if inter is not None else None
-    if inter is not None and host is not None:
+    hosts = _sharing(snapshot, g, inter) if inter is not None else None
+    if inter is not None and hosts is not None:
         _classes(snapshot, g, inter)
-        end = _run_shared(g, run, snapshot.now, _Shared(g, inter, host))
+        end = _run_shared(g, run, snapshot.now, _Shared(g, hosts))
     else:
         end = _run_solo(g, run, snapshot.now)
     caps = {d.name: d.capacity_bytes for d in snapshot.devices}
@@ -201,20 +204,15 @@ def _by_id(ids: list[int], times: list[float | None]) -> dict[int, float]:
     return {ids[i]: x for i, x in enumerate(times) if x is not None}
 
 
-def _sharing(snapshot: Snapshot, g: _Graph, inter: Interference) -> list[int] | None:
-    """Host index per device of `g` (`Interference.sharing`) if some share a host and the
-    model slows anything, else None; kept for the snapshot's devices (its candidates')."""
+def _sharing(snapshot: Snapshot, g: _Graph, inter: Interference) -> _Hosts | None:
+    """The hosts that devices of `g` share, if any and the model slows anything; kept for
+    the snapshot's devices (its candidates run on them)."""
     if g.devices is not snapshot.cache["graph"].devices:
-        return _shared_hosts(inter, g.devices)
-    if "sharing" not in snapshot.cache:
-        snapshot.cache["sharing"] = _shared_hosts(inter, g.devices)
-    host: list[int] | None = snapshot.cache["sharing"]
-    return host
-
-
-def _shared_hosts(inter: Interference, devices: list[str]) -> list[int] | None:
-    host = inter.sharing(devices)
-    return host if not inter.is_neutral() and max(host, default=-1) >= 0 else None
+        return _Hosts.of(inter, g.devices)
+    if "hosts" not in snapshot.cache:
+        snapshot.cache["hosts"] = _Hosts.of(inter, g.devices)
+    hosts: _Hosts | None = snapshot.cache["hosts"]
+    return hosts
 
 
 def _classes(snapshot: Snapshot, g: _Graph, inter: Interference) -> None:
@@ -474,23 +472,43 @@ def _starts(g: _Graph, r: _Run, ready: list[list[tuple]], waiting: list[int], no
     return starts
 
 
-class _Shared:
-    """The hosts that devices of a graph share: per host its devices, the code of the
-    classes running there (one base-`base` digit per class), that code at the last
-    re-timing and the ops started since; the hosts changed since the last re-timing."""
+@dataclass(frozen=True, slots=True)
+class _Hosts:
+    """The hosts that devices share: host index per device (-1: alone), each host's devices,
+    and the slowdowns per code of running classes (one base-`base` digit per class: its
+    count; `powers[c]` is class c's digit, `powers[-1]` 0 for ops of no class)."""
 
-    def __init__(self, g: _Graph, inter: Interference, host: list[int]) -> None:
+    host: list[int]
+    members: list[list[int]]
+    powers: list[int]
+    table: dict[int, list[float]]  # code -> slowdown per class index (filled by `factors`)
+    factors: Callable[[int], list[float]]
+
+    @staticmethod
+    def of(inter: Interference, devices: list[str]) -> _Hosts | None:
+        host = inter.sharing(devices)
+        if inter.is_neutral() or max(host, default=-1) < 0:
+            return None
+        members = [[d for d, h in enumerate(host) if h == k] for k in range(max(host) + 1)]
+        base = max(len(m) for m in members) + 1
+        powers = [base ** c for c in range(len(inter.classes))] + [0]
+        return _Hosts(host, members, powers, inter.factor_table(base),
+                      partial(inter.factors, base))
+
+
+class _Shared:
+    """A simulation's state of the shared hosts: per host the code of the classes running
+    there, that code at the last re-timing and the ops started since; the hosts changed
+    since the last re-timing."""
+
+    def __init__(self, g: _Graph, hosts: _Hosts) -> None:
         assert g.cls is not None
-        hosts = range(max(host) + 1)
-        self.host = host
-        self.members = [[d for d, h in enumerate(host) if h == k] for k in hosts]
-        base = max(len(m) for m in self.members) + 1
-        self.table = inter.factor_table(base)  # code -> slowdown per class index
-        self.factors = partial(inter.factors, base)  # fills `table`
+        self.host, self.members = hosts.host, hosts.members
+        self.table, self.factors = hosts.table, hosts.factors
         self.cls = g.cls
-        powers = [base ** c for c in range(len(inter.classes))] + [0]  # index -1: 0
-        self.digit = list(map(powers.__getitem__, self.cls))
-        self.code = [0] * len(hosts)
-        self.timed = [0] * len(hosts)
-        self.fresh: list[list[int]] = [[] for _ in hosts]
+        self.digit = list(map(hosts.powers.__getitem__, g.cls))
+        n = len(hosts.members)
+        self.code = [0] * n
+        self.timed = [0] * n
+        self.fresh: list[list[int]] = [[] for _ in range(n)]
         self.changed: list[int] = []
