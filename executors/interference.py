@@ -45,6 +45,8 @@ class Interference:
         self.excess = tuple(tuple(self.slowdown.get((a, b), 1.0) - 1.0 for b in OP_CLASSES)
                             for a in OP_CLASSES)
         self._index: dict[str, int] = {}
+        self._neutral = all(e == 0.0 for row in self.excess for e in row)
+        self._tables: dict[int, dict[int, list[float]]] = {}  # base -> code -> `factors`
 
     def class_index(self, name: str) -> int:
         """Index of `name`'s class in `classes`, -1 for an op that does not interfere."""
@@ -74,6 +76,22 @@ class Interference:
                 s += row[c] * (n - 1 if c == cls else n)
         return s
 
+    def factor_table(self, base: int) -> dict[int, list[float]]:
+        """The cache of `factors` for one `base` (filled by `factors`; read it first)."""
+        return self._tables.setdefault(base, {})
+
+    def factors(self, base: int, code: int) -> list[float]:
+        """Slowdown per class index (`factor`), then 1.0 (for index -1), on a host whose
+        running ops are counted in `code`: the count of class `c` is its base-`base` digit
+        `c`. Cached: a simulation meets few codes, and every round meets the same ones."""
+        table = self.factor_table(base)
+        fac = table.get(code)
+        if fac is None:
+            n = len(self.classes)
+            counts = [code // base ** k % base for k in range(n)]
+            fac = table[code] = [self.factor(k, counts) for k in range(n)] + [1.0]
+        return fac
+
     def sharing(self, devices: Sequence[str]) -> list[int]:
         """Host index per device (first appearance order) for hosts that two or more of
         `devices` share; -1 for a device alone on its host or of unknown host."""
@@ -88,7 +106,7 @@ class Interference:
 
     def is_neutral(self) -> bool:
         """Whether no factor slows anything (then nothing needs the fluid model)."""
-        return all(e == 0.0 for row in self.excess for e in row)
+        return self._neutral
 
     def to_dict(self) -> dict[str, Any]:
         return {"hosts": self.hosts,

@@ -20,13 +20,13 @@ works on flat lists indexed by position and keeps each device's ready ops in a h
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from heapq import heappop, heappush
-from typing import NamedTuple
+from functools import partial
+from heapq import heappop, heappush, heappushpop
+from itertools import compress, repeat
 
-from executors.dispatch import dispatch_key
 from executors.interference import Interference
-from executors.types import Priority
 from scheduler.gmg import SimOp, Snapshot
 
 
@@ -57,6 +57,10 @@ class _Graph:
 
     Read-only once built (a simulation copies `waiting`), so the snapshot's own graph is
     built once and extended by each candidate.
+
+    NOTE: successors are `nxt` (one op, or none) with `more` for the few ops with several,
+    not a list per op: thousands of small lists made building a large graph cost as much
+    as simulating it, much of it in the garbage collector.
     """
 
     ops: list[SimOp]
@@ -65,90 +69,99 @@ class _Graph:
     devices: list[str]  # dispatch order: the snapshot's devices, then any others
     where: dict[str, int]  # device -> index
     dev: list[int]  # op -> device index
-    succ: list[list[int]]
+    nxt: list[int]  # op -> its successor; -1: none; -2: several (`more`)
+    more: dict[int, list[int]]  # op -> its successors, for ops with several
     waiting: list[int]  # op -> unfinished deps
     keys: list[tuple]  # op -> its dispatch key with its position appended
+    pr: list[int]  # op -> its priority class (its key's first item)
     firsts: dict[int, tuple[str, ...]]  # op -> requests whose first token it produces
     dur: list[float]  # op -> estimated (solo) seconds
     mem_of: list[int]  # op -> activation bytes
     cls: list[int] | None = None  # op -> interference class index (when simulated with one)
 
 
-def _build(snapshot: Snapshot, ops: list[SimOp], keys: list[tuple]) -> _Graph:
-    index = {o.op_id: i for i, o in enumerate(ops)}
+def _link(nxt: list[int], more: dict[int, list[int]], j: int, i: int) -> None:
+    """Add `i` to `j`'s successors (after those it has)."""
+    s = nxt[j]
+    if s == -1:
+        nxt[j] = i
+    elif s >= 0:
+        nxt[j], more[j] = -2, [s, i]
+    else:
+        more[j] = [*more[j], i]  # NOTE: a new list: a graph's lists may be its base's
+
+
+def _build(snapshot: Snapshot, ops: list[SimOp], keys: list[tuple] | None = None) -> _Graph:
+    """The graph of `ops`; `keys` None: theirs as issued (`dispatch_key`, position appended).
+
+    NOTE: columns are read with one `zip(*ops)` (a C-level transpose of the named tuples),
+    not field by field per op: a fresh snapshot's graph is a good part of its simulation.
+    """
+    n = len(ops)
+    ids, _, on, prio, deps, est, _, _, mem_of, fto, issued = (
+        zip(*ops, strict=True) if ops else ((),) * 11)
+    if keys is None:  # NOTE: `dispatch_key` inlined (a SimOp's issued_at is never None)
+        pr = list(map(int, prio))
+        keys = list(zip(pr, issued, ids, range(n), strict=True))
+    else:
+        pr = [k[0] for k in keys]
+    index = dict(zip(ids, range(n), strict=True))
     names = [d.name for d in snapshot.devices]
-    devices = names + sorted({o.device for o in ops} - set(names))
+    devices = names + sorted(set(on) - set(names))
     where = {d: k for k, d in enumerate(devices)}
-    succ: list[list[int]] = [[] for _ in ops]
-    waiting = [0] * len(ops)
+    nxt, waiting = [-1] * n, [0] * n
+    more: dict[int, list[int]] = {}
     get = index.get
-    for i, o in enumerate(ops):
-        for d in o.deps:
+    for i, ds in enumerate(deps):
+        for d in ds:
             j = get(d)
             if j is not None:
                 waiting[i] += 1
-                succ[j].append(i)
-    firsts = {i: o.first_token_of for i, o in enumerate(ops) if o.first_token_of}
-    ids = list(index) if len(index) == len(ops) else [o.op_id for o in ops]
-    return _Graph(ops, ids, index, devices, where, [where[o.device] for o in ops], succ,
-                  waiting, keys, firsts, [o.est_s for o in ops], [o.mem_bytes for o in ops])
+                if nxt[j] == -1:
+                    nxt[j] = i
+                else:
+                    _link(nxt, more, j, i)
+    firsts = dict(compress(enumerate(fto), fto))
+    return _Graph(ops, list(ids) if len(index) == n else [o.op_id for o in ops], index,
+                  devices, where, list(map(where.__getitem__, on)), nxt, more, waiting, keys,
+                  pr, firsts, list(est), list(mem_of))
 
 
 def _graph(snapshot: Snapshot, candidate: Candidate) -> _Graph:
     """The snapshot's graph (cached on it) extended by the candidate's ops."""
     base = snapshot.cache.get("graph")
     if base is None:
-        ops = list(snapshot.ops)
-        # NOTE: `dispatch_key` inlined (a SimOp's issued_at is never None); a key per op is
-        # a good part of building the graph
-        base = snapshot.cache["graph"] = _build(
-            snapshot, ops, [(int(o.priority), o.issued_at, o.op_id, i) for i, o in enumerate(ops)])
+        base = snapshot.cache["graph"] = _build(snapshot, list(snapshot.ops))
     if not candidate.ops:
         return base
-    new = candidate.ops
-    n0 = len(base.ops)
-    # NOTE: candidate ops are issued at the snapshot's time
-    keys = base.keys + [(*dispatch_key(_Issued(o.priority, snapshot.now, o.op_id)), n0 + k)
-                        for k, o in enumerate(new)]
+    new, n0, m = candidate.ops, len(base.ops), len(candidate.ops)
+    ids, _, on, prio, deps, est, _, _, mem_of, fto, _ = zip(*new, strict=True)
+    # NOTE: candidate ops are issued at the snapshot's time; `dispatch_key` inlined
+    pr = list(map(int, prio))
+    keys = base.keys + list(zip(pr, repeat(snapshot.now), ids, range(n0, n0 + m), strict=False))
     where = base.where
-    if any(o.device not in where for o in new) or any(o.op_id in base.index for o in new):
+    if not where.keys() >= set(on) or not base.index.keys().isdisjoint(ids):
         return _build(snapshot, [*base.ops, *new], keys)
     index = base.index.copy()
-    for k, o in enumerate(new):
-        index[o.op_id] = n0 + k
-    succ = base.succ + [[] for _ in new]
-    waiting = base.waiting + [0] * len(new)
-    extended: set[int] = set()  # snapshot ops whose successor list was copied
-    for k, o in enumerate(new):
-        i = n0 + k
-        for d in o.deps:
-            j = index.get(d)
+    index.update(zip(ids, range(n0, n0 + m), strict=True))
+    nxt, more = base.nxt + [-1] * m, base.more.copy()
+    waiting = base.waiting + [0] * m
+    get = index.get
+    for i, ds in enumerate(deps, n0):
+        for d in ds:
+            j = get(d)
             if j is not None:
                 waiting[i] += 1
-                if j < n0 and j not in extended:
-                    succ[j] = list(succ[j])
-                    extended.add(j)
-                succ[j].append(i)
+                _link(nxt, more, j, i)
     firsts = base.firsts
-    if any(o.first_token_of for o in new):
-        firsts = {**firsts, **{n0 + k: o.first_token_of for k, o in enumerate(new)
-                               if o.first_token_of}}
-    ops = [*base.ops, *new]
-    ids = base.ids + [o.op_id for o in new]
-    return _Graph(ops, ids, index, base.devices, where, base.dev + [where[o.device] for o in new],
-                  succ, waiting, keys, firsts, base.dur + [o.est_s for o in new],
-                  base.mem_of + [o.mem_bytes for o in new])
+    if any(fto):
+        firsts = {**firsts, **dict(compress(enumerate(fto, n0), fto))}
+    return _Graph([*base.ops, *new], base.ids + list(ids), index, base.devices, where,
+                  base.dev + list(map(where.__getitem__, on)), nxt, more, waiting, keys,
+                  base.pr + pr, firsts, base.dur + list(est), base.mem_of + list(mem_of))
 
 
-class _Issued(NamedTuple):
-    """A candidate op as the dispatch rule reads it: issued at the snapshot's time.
-
-    NOTE: a tuple, not `dataclasses.replace` of the SimOp, which cost ~2 µs an op here.
-    """
-
-    priority: Priority
-    issued_at: float
-    op_id: int
+_NOTHING = Candidate(())
 
 
 @dataclass(slots=True)
@@ -164,17 +177,17 @@ class _Run:
 
 def simulate(snapshot: Snapshot, candidate: Candidate | None = None) -> Prediction:
     """Predict when every op in flight (and the candidate's) starts and finishes."""
-    cand = candidate or Candidate(())
+    cand = candidate or _NOTHING
     g = _graph(snapshot, cand)
     views = {d.name: d for d in snapshot.devices}
     mem = [views[d].reserved_bytes + cand.kv_bytes.get(d, 0) if d in views else 0
            for d in g.devices]
     run = _Run([None] * len(g.ops), [None] * len(g.ops), mem, list(mem))
     inter = snapshot.interference
-    host = inter.sharing(g.devices) if inter is not None and not inter.is_neutral() else None
-    if inter is not None and host is not None and max(host) >= 0:
+    hosts = _sharing(snapshot, g, inter) if inter is not None else None
+    if inter is not None and hosts is not None:
         _classes(snapshot, g, inter)
-        end = _run_shared(g, run, snapshot.now, inter, host)
+        end = _run_shared(g, run, snapshot.now, _Shared(g, hosts))
     else:
         end = _run_solo(g, run, snapshot.now)
     caps = {d.name: d.capacity_bytes for d in snapshot.devices}
@@ -191,6 +204,17 @@ def _by_id(ids: list[int], times: list[float | None]) -> dict[int, float]:
     return {ids[i]: x for i, x in enumerate(times) if x is not None}
 
 
+def _sharing(snapshot: Snapshot, g: _Graph, inter: Interference) -> _Hosts | None:
+    """The hosts that devices of `g` share, if any and the model slows anything; kept for
+    the snapshot's devices (its candidates run on them)."""
+    if g.devices is not snapshot.cache["graph"].devices:
+        return _Hosts.of(inter, g.devices)
+    if "hosts" not in snapshot.cache:
+        snapshot.cache["hosts"] = _Hosts.of(inter, g.devices)
+    hosts: _Hosts | None = snapshot.cache["hosts"]
+    return hosts
+
+
 def _classes(snapshot: Snapshot, g: _Graph, inter: Interference) -> None:
     """Fill `g.cls`, from the snapshot's own graph's where it has them."""
     if g.cls is not None:
@@ -204,7 +228,7 @@ def _classes(snapshot: Snapshot, g: _Graph, inter: Interference) -> None:
 
 def _run_solo(g: _Graph, r: _Run, now: float) -> float:
     """Every op takes its estimate; returns when the last one ends."""
-    ops, dev, succ, keys, firsts = g.ops, g.dev, g.succ, g.keys, g.firsts
+    ops, dev, nxt, more, keys, pr, firsts = g.ops, g.dev, g.nxt, g.more, g.keys, g.pr, g.firsts
     start, finish, mem, peak = r.start, r.finish, r.mem, r.peak
     dur, mem_of, waiting = g.dur, g.mem_of, g.waiting[:]
     n_dev = len(g.devices)
@@ -220,7 +244,7 @@ def _run_solo(g: _Graph, r: _Run, now: float) -> float:
             mem[d] += mem_of[i]
             peak[d] = max(peak[d], mem[d])
             seq += 1
-            heappush(events, (max(now, o.start + dur[i]), keys[i][0], seq, i))
+            heappush(events, (max(now, o.start + dur[i]), pr[i], seq, i))
         elif waiting[i] == 0:
             heappush(ready[dev[i]], keys[i])
     for d in range(n_dev):
@@ -231,7 +255,7 @@ def _run_solo(g: _Graph, r: _Run, now: float) -> float:
             mem[d] += mem_of[i]
             peak[d] = max(peak[d], mem[d])
             seq += 1
-            heappush(events, (now + dur[i], keys[i][0], seq, i))
+            heappush(events, (now + dur[i], pr[i], seq, i))
     first_token = r.first_token
     t = now
     while events:
@@ -243,27 +267,27 @@ def _run_solo(g: _Graph, r: _Run, now: float) -> float:
         if i in firsts:
             for rid in firsts[i]:
                 first_token[rid] = t
-        woken = [d]
-        for s in succ[i]:
-            waiting[s] -= 1
-            if waiting[s] == 0:
-                heappush(ready[dev[s]], keys[s])
-                woken.append(dev[s])
+        woken, mine = _release(i, d, nxt, more, waiting, dev, ready, keys)
         for d in woken:  # the op's own device first, then its successors' (as the executors)
-            if busy[d] or not ready[d]:
+            if busy[d]:
                 continue
-            j = heappop(ready[d])[-1]
+            if mine >= 0:  # NOTE: first in `woken`; push and pop at once
+                j, mine = heappushpop(ready[d], keys[mine])[-1], -1
+            elif ready[d]:
+                j = heappop(ready[d])[-1]
+            else:
+                continue
             busy[d] = True
             start[j] = t
             mem[d] += mem_of[j]
             if mem[d] > peak[d]:
                 peak[d] = mem[d]
             seq += 1
-            heappush(events, (t + dur[j], keys[j][0], seq, j))
+            heappush(events, (t + dur[j], pr[j], seq, j))
     return t
 
 
-def _run_shared(g: _Graph, r: _Run, now: float, inter: Interference, host: list[int]) -> float:
+def _run_shared(g: _Graph, r: _Run, now: float, sh: _Shared) -> float:
     """As `_run_solo`, with ops on a shared host slowed by what overlaps them there.
 
     NOTE: per host, `code` encodes how many ops of each class run there (one digit each)
@@ -272,13 +296,12 @@ def _run_shared(g: _Graph, r: _Run, now: float, inter: Interference, host: list[
     heap entry. Ops whose slowdown changes are settled and pushed again; `live` tells a
     popped entry from a replaced one. `executors.fake.VirtualCluster` does the same.
     """
-    ops, dev, succ, keys, firsts = g.ops, g.dev, g.succ, g.keys, g.firsts
+    dev, nxt, more, keys, pr, firsts = g.dev, g.nxt, g.more, g.keys, g.pr, g.firsts
     start, finish, mem, peak = r.start, r.finish, r.mem, r.peak
     dur, mem_of, waiting = g.dur, g.mem_of, g.waiting[:]
-    n, n_dev = len(ops), len(g.devices)
-    sh = _Shared(g, inter, host)
-    code, timed, fresh, dirty, cls, digit = sh.code, sh.timed, sh.fresh, sh.dirty, sh.cls, sh.digit
-    pr = [k[0] for k in keys]
+    n, n_dev = len(dev), len(g.devices)
+    host, code, timed, fresh, cls, digit = sh.host, sh.code, sh.timed, sh.fresh, sh.cls, sh.digit
+    changed, members, table, factors = sh.changed, sh.members, sh.table, sh.factors
     running = [-1] * n_dev
     rem = list(dur)  # solo seconds left at `last` (ops on shared hosts)
     last = [0.0] * n
@@ -287,23 +310,8 @@ def _run_shared(g: _Graph, r: _Run, now: float, inter: Interference, host: list[
     ready: list[list[tuple]] = [[] for _ in range(n_dev)]
     events: list[tuple[float, int, int, int]] = []
     seq = 0
-    starts: list[tuple[int, int, float]] = []  # (op, device, solo seconds left) at `now`
-    for i, o in enumerate(ops):  # running ops first (remaining time), then ready ops
-        if o.start is not None:
-            start[i] = o.start
-            starts.append((i, dev[i], max(0.0, o.start + dur[i] - now)))
-        elif waiting[i] == 0:
-            heappush(ready[dev[i]], keys[i])
-    busy = {d for _, d, _ in starts}
-    for d in range(n_dev):
-        if d not in busy and ready[d]:
-            i = heappop(ready[d])[-1]
-            start[i] = now
-            starts.append((i, d, dur[i]))
-    first_token = r.first_token
-    factors, hosts, members = sh.factors, sh.hosts, sh.members
-    t = now
-    for j, d, left in starts:  # begin the ops running at `now`
+    t = end = now
+    for j, d, left in _starts(g, r, ready, waiting, now):  # begin the ops running at `now`
         running[d] = j
         mem[d] += mem_of[j]
         if mem[d] > peak[d]:
@@ -314,62 +322,86 @@ def _run_shared(g: _Graph, r: _Run, now: float, inter: Interference, host: list[
             live[j] = seq
             heappush(events, (t + left, pr[j], seq, j))
         else:
-            rem[j], last[j] = left, t
+            rem[j] = left
             code[h] += digit[j]
             fresh[h].append(j)
-            dirty[h] = True
+            if h not in changed:
+                changed.append(h)
+    first_token = r.first_token
     while True:
-        for h in hosts:  # re-time the hosts whose running classes changed at `t`
-            if not dirty[h]:
-                continue
-            dirty[h] = False
-            c = code[h]
-            if c == timed[h]:  # same classes running: only the new ops need a time
-                todo = fresh[h] if len(fresh[h]) < 2 else sorted(fresh[h], key=dev.__getitem__)
-            else:
-                timed[h] = c
-                todo = [running[d] for d in members[h] if running[d] >= 0]
-            fac = factors.get(c) or sh.factors_of(c)
-            for j in todo:
-                s = fac[cls[j]]
-                if s != slow[j]:
-                    # NOTE: `interference.settle` and `finish_at`, inlined (the hot loop);
-                    # the fake executors call them, and the simulator tests prove both equal
-                    if slow[j] > 0.0:
-                        left = rem[j] - (t - last[j]) / slow[j]
-                        rem[j] = left if left > 0.0 else 0.0
-                    last[j], slow[j] = t, s
-                    seq += 1
-                    live[j] = seq
-                    heappush(events, (t + rem[j] * s, pr[j], seq, j))
-            fresh[h].clear()
+        if changed:  # re-time the hosts whose running classes changed at `t`
+            if len(changed) > 1:
+                changed.sort()
+            for h in changed:
+                c, todo = code[h], fresh[h]
+                if c != timed[h]:
+                    timed[h] = c
+                    todo = [running[d] for d in members[h] if running[d] >= 0]
+                elif len(todo) > 1:  # same classes running: only the new ops need a time
+                    todo.sort(key=dev.__getitem__)
+                fac = table.get(c) or factors(c)
+                for j in todo:
+                    s = fac[cls[j]]
+                    if s != slow[j]:
+                        # NOTE: `interference.settle` and `finish_at`, inlined (the hot
+                        # loop); the fake executors call them, and the tests prove both equal
+                        if slow[j] > 0.0:
+                            left = rem[j] - (t - last[j]) / slow[j]
+                            rem[j] = left if left > 0.0 else 0.0
+                        last[j], slow[j] = t, s
+                        seq += 1
+                        live[j] = seq
+                        heappush(events, (t + rem[j] * s, pr[j], seq, j))
+                fresh[h].clear()
+            changed.clear()
         while events:
             t, _, sq, i = heappop(events)
             if live[i] == sq:
                 break
         else:
-            return t
+            return end  # NOTE: not `t`, which may be a replaced entry's (a later time)
+        end = t
         d = dev[i]
         running[d] = -1
         finish[i] = t
         mem[d] -= mem_of[i]
-        h = host[d]
-        if h >= 0:
-            code[h] -= digit[i]
-            dirty[h] = True
         if i in firsts:
             for rid in firsts[i]:
                 first_token[rid] = t
-        woken = [d]
-        for s_ in succ[i]:
-            waiting[s_] -= 1
-            if waiting[s_] == 0:
-                heappush(ready[dev[s_]], keys[s_])
-                woken.append(dev[s_])
+        woken, mine = _release(i, d, nxt, more, waiting, dev, ready, keys)
+        h = host[d]
+        if h >= 0 and len(woken) == 1 and (mine >= 0 or ready[d]):
+            # NOTE: the common case, an op ends on a shared host and the next starts on its
+            # device alone: what the re-timing would do, without its lists
+            j = heappushpop(ready[d], keys[mine])[-1] if mine >= 0 else heappop(ready[d])[-1]
+            running[d] = j
+            start[j] = t
+            mem[d] += mem_of[j]
+            if mem[d] > peak[d]:
+                peak[d] = mem[d]
+            if digit[j] == digit[i]:  # same class: the host's slowdowns stay; time `j` alone
+                s = (table.get(code[h]) or factors(code[h]))[cls[j]]
+                last[j], slow[j] = t, s
+                seq += 1
+                live[j] = seq
+                heappush(events, (t + rem[j] * s, pr[j], seq, j))
+            else:
+                code[h] += digit[j] - digit[i]
+                fresh[h].append(j)
+                changed.append(h)
+            continue
+        if h >= 0:
+            code[h] -= digit[i]
+            changed.append(h)  # NOTE: the first change since the re-timing
         for d in woken:  # the op's own device first, then its successors' (as the executors)
-            if running[d] >= 0 or not ready[d]:
+            if running[d] >= 0:
                 continue
-            j = heappop(ready[d])[-1]
+            if mine >= 0:  # NOTE: first in `woken`; push and pop at once
+                j, mine = heappushpop(ready[d], keys[mine])[-1], -1
+            elif ready[d]:
+                j = heappop(ready[d])[-1]
+            else:
+                continue
             running[d] = j
             start[j] = t
             mem[d] += mem_of[j]
@@ -381,34 +413,102 @@ def _run_shared(g: _Graph, r: _Run, now: float, inter: Interference, host: list[
                 live[j] = seq
                 heappush(events, (t + dur[j], pr[j], seq, j))
             else:
-                rem[j], last[j] = dur[j], t
                 code[h] += digit[j]
                 fresh[h].append(j)
-                dirty[h] = True
+                if h not in changed:
+                    changed.append(h)
+
+
+def _release(i: int, d: int, nxt: list[int], more: dict[int, list[int]], waiting: list[int],
+             dev: list[int], ready: list[list[tuple]], keys: list[tuple]
+             ) -> tuple[Sequence[int], int]:
+    """Op `i` on device `d` ended: count it off its successors' deps; queue those now ready.
+
+    Returns the devices to start an op on (`d` first, then those of the ready successors)
+    and the one successor that became ready on `d` itself (-1 if none): it is not queued,
+    for `d` picks at once between it and its queue (`heappushpop`, which returns it without
+    touching the heap when it comes first: a chain going on on its device, the common
+    case, costs no sift of a long queue).
+    """
+    s = nxt[i]
+    if s >= 0:
+        waiting[s] -= 1
+        if waiting[s]:
+            return (d,), -1
+        e = dev[s]
+        if e == d:
+            return (d,), s
+        heappush(ready[e], keys[s])
+        return (d, e), -1
+    if s == -1:
+        return (d,), -1
+    woken = [d]
+    for s in more[i]:
+        waiting[s] -= 1
+        if waiting[s] == 0:
+            heappush(ready[dev[s]], keys[s])
+            woken.append(dev[s])
+    return woken, -1
+
+
+def _starts(g: _Graph, r: _Run, ready: list[list[tuple]], waiting: list[int], now: float
+            ) -> list[tuple[int, int, float]]:
+    """(op, device, solo seconds left) of the ops running at `now`: those running in the
+    snapshot, then on each idle device its first ready op; the other ready ops queued."""
+    dev, dur, keys, start = g.dev, g.dur, g.keys, r.start
+    starts = []
+    for i, o in enumerate(g.ops):
+        if o.start is not None:
+            start[i] = o.start
+            starts.append((i, dev[i], max(0.0, o.start + dur[i] - now)))
+        elif waiting[i] == 0:
+            heappush(ready[dev[i]], keys[i])
+    busy = {d for _, d, _ in starts}
+    for d in range(len(g.devices)):
+        if d not in busy and ready[d]:
+            i = heappop(ready[d])[-1]
+            start[i] = now
+            starts.append((i, d, dur[i]))
+    return starts
+
+
+@dataclass(frozen=True, slots=True)
+class _Hosts:
+    """The hosts that devices share: host index per device (-1: alone), each host's devices,
+    and the slowdowns per code of running classes (one base-`base` digit per class: its
+    count; `powers[c]` is class c's digit, `powers[-1]` 0 for ops of no class)."""
+
+    host: list[int]
+    members: list[list[int]]
+    powers: list[int]
+    table: dict[int, list[float]]  # code -> slowdown per class index (filled by `factors`)
+    factors: Callable[[int], list[float]]
+
+    @staticmethod
+    def of(inter: Interference, devices: list[str]) -> _Hosts | None:
+        host = inter.sharing(devices)
+        if inter.is_neutral() or max(host, default=-1) < 0:
+            return None
+        members = [[d for d, h in enumerate(host) if h == k] for k in range(max(host) + 1)]
+        base = max(len(m) for m in members) + 1
+        powers = [base ** c for c in range(len(inter.classes))] + [0]
+        return _Hosts(host, members, powers, inter.factor_table(base),
+                      partial(inter.factors, base))
 
 
 class _Shared:
-    """The hosts that devices of a graph share: per host its devices, the code of the
-    classes running there (one base-`base` digit per class), that code at the last
-    re-timing, the ops started since, and slowdowns per code (cached)."""
+    """A simulation's state of the shared hosts: per host the code of the classes running
+    there, that code at the last re-timing and the ops started since; the hosts changed
+    since the last re-timing."""
 
-    def __init__(self, g: _Graph, inter: Interference, host: list[int]) -> None:
-        self.inter = inter
-        self.hosts = range(max(host) + 1)
-        self.members = [[d for d, h in enumerate(host) if h == k] for k in self.hosts]
-        self.base = max(len(m) for m in self.members) + 1
+    def __init__(self, g: _Graph, hosts: _Hosts) -> None:
         assert g.cls is not None
+        self.host, self.members = hosts.host, hosts.members
+        self.table, self.factors = hosts.table, hosts.factors
         self.cls = g.cls
-        self.digit = [self.base ** c if c >= 0 else 0 for c in self.cls]
-        self.code = [0] * len(self.hosts)
-        self.timed = [0] * len(self.hosts)
-        self.fresh: list[list[int]] = [[] for _ in self.hosts]
-        self.dirty = [False] * len(self.hosts)
-        self.factors: dict[int, list[float]] = {}  # code -> slowdown per class index
-
-    def factors_of(self, code: int) -> list[float]:
-        """Slowdown per class index for a host running `code` (index -1: 1.0), cached."""
-        n_cls = len(self.inter.classes)
-        counts = [code // self.base ** k % self.base for k in range(n_cls)]
-        fac = self.factors[code] = [self.inter.factor(k, counts) for k in range(n_cls)] + [1.0]
-        return fac
+        self.digit = list(map(hosts.powers.__getitem__, g.cls))
+        n = len(hosts.members)
+        self.code = [0] * n
+        self.timed = [0] * n
+        self.fresh: list[list[int]] = [[] for _ in range(n)]
+        self.changed: list[int] = []

@@ -18,6 +18,7 @@ import random
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 from executors.interference import OP_CLASSES, Interference
 from executors.types import Device, OpInstance, OpRole, Priority
@@ -160,8 +161,10 @@ def accuracy(model_spec: str, devices: list[Device], repeats: int, calibrate: in
     return {k: statistics.median(r[k] for r in runs) for k in keys}
 
 
-def rounds(model_spec: str, devices: list[Device], seconds: float) -> dict[str, float]:
-    """Record the slice policy's simulations in a live run, replay them in this quiet process."""
+def rounds(model_spec: str, devices: list[Device], seconds: float, repeats: int = 1
+           ) -> dict[str, Any]:
+    """Record the slice policy's simulations in a live run, replay them in this quiet process
+    (`repeats` times: the replay's p50 and p99 are medians over them)."""
     model = load(model_spec, dtype="bfloat16")
     est = load_or_profile(model, devices)
     recorder = Recorder()
@@ -174,24 +177,42 @@ def rounds(model_spec: str, devices: list[Device], seconds: float) -> dict[str, 
     run_policy(model, est, "slice", w, ",".join(d.name for d in devices),
                devices[0].memory_bytes / 2**30, 1.0, with_lp=True, on_scheduler=record)
     live = recorder.round_s
+    p50s, p99s = [], []
+    for _ in range(max(1, repeats)):
+        replay = sorted(_replay(recorder).values()) or [0.0]
+        p50s.append(_q(replay, 0.5))
+        p99s.append(_q(replay, 0.99))
+    live_sorted = sorted(live) or [0.0]
+    calls = len(recorder.calls)
+    return {"round_p50_ms": statistics.median(p50s) * 1e3,
+            "round_p99_ms": statistics.median(p99s) * 1e3,
+            "round_p99_ms_replays": [x * 1e3 for x in p99s],
+            "live_round_p50_ms": _q(live_sorted, 0.5) * 1e3,
+            "live_round_p99_ms": _q(live_sorted, 0.99) * 1e3, "rounds": len(replay),
+            "live_rounds": len(live), "simulations": calls,
+            "simulations_per_round": calls / max(1, len({r for r, _, _ in recorder.calls}))}
+
+
+def _replay(recorder: Recorder) -> dict[int, float]:
+    """Seconds of simulation per round (rounds that simulated), each snapshot's graph built
+    again on its first simulation, as the live round did."""
     per_round: dict[int, float] = {}
     seen: set[int] = set()
     for rnd, snap, cand in recorder.calls:
-        if id(snap) not in seen:  # NOTE: build its graph again, as the live round did
+        if id(snap) not in seen:
             seen.add(id(snap))
             snap.cache.clear()
         t0 = time.perf_counter()
         simulate(snap, cand)
         per_round[rnd] = per_round.get(rnd, 0.0) + time.perf_counter() - t0
-    replay = sorted(per_round.values()) or [0.0]
-    live_sorted = sorted(live) or [0.0]
-    return {"round_p50_ms": _q(replay, 0.5) * 1e3, "round_p99_ms": _q(replay, 0.99) * 1e3,
-            "live_round_p50_ms": _q(live_sorted, 0.5) * 1e3,
-            "live_round_p99_ms": _q(live_sorted, 0.99) * 1e3, "rounds": len(per_round)}
+    return per_round
 
 
 def _q(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+PARTS = ("speed", "rounds", "accuracy")
 
 
 def main(argv: list[str] | None = None) -> dict[str, object]:
@@ -201,29 +222,53 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     p.add_argument("--ops", type=int, default=4000)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--live-seconds", type=float, default=60.0)
+    p.add_argument("--parts", default=",".join(PARTS),
+                   help="comma-separated, of: speed (synthetic snapshots, seconds), rounds "
+                        "(a live run replayed, ~2 min), accuracy (~5 min)")
     p.add_argument("--json", type=Path, default=None)
     a = p.parse_args(argv)
+    parts = [x.strip() for x in a.parts.split(",") if x.strip()]
+    if not parts or set(parts) - set(PARTS):
+        p.error(f"--parts: choose among {', '.join(PARTS)}")
     print(machine_line(), flush=True)
+    result: dict[str, object] = {}
     devices = parse_devices(a.devices, 2.0)
-    ops = speed([2, 8, 64], a.ops, a.repeats)
-    shared = speed([2, 8, 64], a.ops, a.repeats, shared=True)
-    acc = accuracy(a.model, devices, a.repeats)
-    rnd = rounds(a.model, devices, a.live_seconds)
-    print("| devices | ops in snapshot | simulated ops/ms | with interference (one host) |\n"
-          "|---:|---:|---:|---:|")
-    for n, v in ops.items():
-        print(f"| {n} | {a.ops} | {v:.0f} | {shared[n]:.0f} |")
-    print(f"\nround decision (replayed, quiet): p50 {rnd['round_p50_ms']:.3f} ms, "
-          f"p99 {rnd['round_p99_ms']:.3f} ms over {rnd['rounds']} rounds; live round p50 "
-          f"{rnd['live_round_p50_ms']:.3f} ms, p99 {rnd['live_round_p99_ms']:.3f} ms")
-    print(f"accuracy: end-to-end predicted {acc['e2e_predicted_s']:.3f} s vs actual "
-          f"{acc['e2e_actual_s']:.3f} s (error {acc['e2e_error']:.2%}); per-request MAPE "
-          f"{acc['request_mape']:.2%}")
+    if "speed" in parts:
+        ops = speed([2, 8, 64], a.ops, a.repeats)
+        shared = speed([2, 8, 64], a.ops, a.repeats, shared=True)
+        result.update(ops_per_ms=ops, ops_per_ms_shared=shared)
+    if "accuracy" in parts:
+        acc = accuracy(a.model, devices, a.repeats)
+        result.update(e2e_error=acc["e2e_error"], accuracy=acc)
+    if "rounds" in parts:
+        rnd = rounds(a.model, devices, a.live_seconds, a.repeats)
+        result.update(round_p99_ms=rnd["round_p99_ms"], rounds=rnd)
+    _report(result, a.ops, a.repeats)
     print(machine_line())
-    result: dict[str, object] = {"ops_per_ms": ops, "ops_per_ms_shared": shared,
-                                 "round_p99_ms": rnd["round_p99_ms"], "rounds": rnd,
-                                 "e2e_error": acc["e2e_error"], "accuracy": acc,
-                                 "machine": capability_line(), "load_avg": load_average()}
+    result.update(machine=capability_line(), load_avg=load_average())
     if a.json:
         a.json.write_text(json.dumps(result, indent=1))
     return result
+
+
+def _report(result: dict, num_ops: int, repeats: int) -> None:
+    if "ops_per_ms" in result:
+        ops, shared = result["ops_per_ms"], result["ops_per_ms_shared"]
+        print("| devices | ops in snapshot | simulated ops/ms | with interference (one host) |\n"
+              "|---:|---:|---:|---:|")
+        for n, v in ops.items():
+            print(f"| {n} | {num_ops} | {v:.0f} | {shared[n]:.0f} |")
+    if "rounds" in result:
+        rnd = result["rounds"]
+        print(f"\nround decision (replayed {repeats}x, quiet; medians): p50 "
+              f"{rnd['round_p50_ms']:.3f} ms, p99 {rnd['round_p99_ms']:.3f} ms over "
+              f"{rnd['rounds']} rounds that simulated (p99 per replay: "
+              f"{', '.join(f'{x:.3f}' for x in rnd['round_p99_ms_replays'])} ms; "
+              f"{rnd['simulations_per_round']:.1f} simulations a round); live round p50 "
+              f"{rnd['live_round_p50_ms']:.3f} ms, p99 {rnd['live_round_p99_ms']:.3f} ms "
+              f"over {rnd['live_rounds']} rounds")
+    if "accuracy" in result:
+        acc = result["accuracy"]
+        print(f"accuracy: end-to-end predicted {acc['e2e_predicted_s']:.3f} s vs actual "
+              f"{acc['e2e_actual_s']:.3f} s (error {acc['e2e_error']:.2%}); per-request MAPE "
+              f"{acc['request_mape']:.2%}")

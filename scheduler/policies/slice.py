@@ -405,11 +405,15 @@ def _harmed(draft: Draft, pred: Prediction) -> int:
     """How many requests with a pending TTFT deadline `pred` misses that the draft as it
     stands (its baseline) keeps."""
     deadlines = draft.snapshot().deadlines
-    if not deadlines:
-        return 0
-    base, n = draft.baseline(), 0
+    base: Prediction | None = None
+    n = 0
     for rid, deadline in deadlines:
-        t, before = pred.first_token.get(rid), base.first_token.get(rid)
-        if t is not None and t > deadline and before is not None and before <= deadline:
+        t = pred.first_token.get(rid)
+        if t is None or t <= deadline:
+            continue
+        if base is None:  # NOTE: the baseline is simulated only once a deadline is missed
+            base = draft.baseline()
+        before = base.first_token.get(rid)
+        if before is not None and before <= deadline:
             n += 1  # this plan alone would make it miss
     return n

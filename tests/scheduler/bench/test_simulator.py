@@ -1,4 +1,10 @@
-from scheduler.bench.simulator import speed, synthetic_gmg
+import json
+from pathlib import Path
+
+import pytest
+
+from scheduler.bench.simulator import _replay, main, speed, synthetic_gmg
+from scheduler.policies.slice import Recorder
 from scheduler.simulator import simulate
 
 
@@ -13,3 +19,25 @@ def test_speed_reports_every_device_count() -> None:
     for shared in (False, True):
         out = speed([2, 8], 200, 1, shared=shared)
         assert set(out) == {"2", "8"} and all(v > 0 for v in out.values())
+
+
+def test_parts_run_alone_and_write_their_json(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "sim.json"
+    result = main(["--parts", "speed", "--ops", "200", "--repeats", "1", "--json", str(out)])
+    assert set(result["ops_per_ms"]) == set(result["ops_per_ms_shared"]) == {"2", "8", "64"}
+    assert "rounds" not in result and "accuracy" not in result
+    assert json.loads(out.read_text())["ops_per_ms"] == result["ops_per_ms"]
+    assert "simulated ops/ms" in capsys.readouterr().out
+
+
+def test_unknown_parts_are_refused() -> None:
+    with pytest.raises(SystemExit):
+        main(["--parts", "speed,nothing"])
+
+
+def test_replay_times_every_round_that_simulated() -> None:
+    snap = synthetic_gmg(2, 80, shared=True).snapshot(0.0)
+    recorder = Recorder(calls=[(0, snap, None), (0, snap, None), (3, snap, None)])
+    assert set(_replay(recorder)) == {0, 3}
+    assert "graph" in snap.cache  # built again on its first simulation, then shared

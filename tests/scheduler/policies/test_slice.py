@@ -8,6 +8,7 @@ from executors.interference import OP_CLASSES, Interference
 from executors.types import Priority
 from scheduler.gmg import DeviceView, SimOp
 from scheduler.policies import make_policy
+from scheduler.policies.slice import Recorder, SlicePolicy
 from tests.scheduler.views import make_view, req, single
 
 
@@ -176,3 +177,17 @@ def test_a_one_token_prompt_is_fed_once() -> None:
     hp = req("hp", Priority.HIGH, prompt=1, slo=1.0)
     d = make_policy("slice").schedule(make_view(waiting=[hp], prefills=_prefilling("cpu:1")))
     assert [[f.rid for f in c] for p in d.plans for c in p.chunks] == [["hp"]]
+
+
+def test_the_baseline_is_simulated_only_when_a_deadline_is_missed() -> None:
+    hp = req("hp", Priority.HIGH, prompt=40, slo=1.0)
+    busy = (_busy("cpu:0", 0.5),)
+    kept = Recorder()
+    d = SlicePolicy(kept).schedule(make_view(waiting=[hp], ops=busy, deadlines=(("x", 9.0),)))
+    assert d.plans and all(cand is not None for _, _, cand in kept.calls)  # no baseline
+    missed = Recorder()  # "x" is past its deadline in every prediction: the baseline decides
+    d2 = SlicePolicy(missed).schedule(make_view(waiting=[hp], ops=busy + (
+        SimOp(7, "head", "cpu:0", Priority.HIGH, (), 0.01, 0.0, None, 0, ("x",), 0.0),),
+        deadlines=(("x", 0.0),)))
+    assert [cand for _, _, cand in missed.calls].count(None) == 1
+    assert [p.placement for p in d2.plans] == [p.placement for p in d.plans]
