@@ -127,7 +127,9 @@ def evaluate(chain: Chain, jobs: list[Job], sizes: list[int], setup: Setup
     plans: dict[str, dict[str, float]] = {}
     for n in sizes:
         load_jobs, factor = scaled(jobs, chain, n, setup.peak_util)
-        out: dict[str, Any] = {}
+        work = sum(work_s(chain, j) for j in load_jobs)
+        print(f"| {n} | (work) | {len(load_jobs)} | {work:.0f} | | | | |", flush=True)
+        out: dict[str, Any] = {"work": {"device_seconds": work}}  # NOTE: what every mode runs
         runs[str(n)] = out
         for mode in MODES:
             r = run_sim(chain, load_jobs, SimConfig(mode, n, setup.memory_bytes, setup.slo_s))
