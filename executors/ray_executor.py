@@ -100,6 +100,9 @@ class RayExecutor(Executor):
         pass  # NOTE: the actor sets its own torch threads
 
     # -- running ops -----------------------------------------------------------------------
+    def _prepare(self, op: OpInstance) -> bool:
+        return False  # NOTE: the actor builds the batch tensors on its side
+
     def _run(self, op: OpInstance) -> Any:
         if not self.alive:
             raise DeviceLost(f"device {self.device.name} is down")

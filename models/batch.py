@@ -182,6 +182,11 @@ class BatchSource:
         """A source whose tensors are already built."""
         return cls(batch.seqs, block_size, batch.input_ids.device, batch)
 
+    @property
+    def built(self) -> Batch | None:
+        """The tensors, if `get()` built them already."""
+        return self._batch
+
     def get(self) -> Batch:
         if self._batch is None:
             self._batch = build_batch(self.seqs, self.block_size, self.device)

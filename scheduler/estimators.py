@@ -11,8 +11,9 @@ Estimates are solo times. Where the profile measured `interference` (devices
 sharing a host slow each other down), the simulator applies it, and a measured
 op is first brought back to its solo time from what ran beside it
 (scheduler/overlap.py). When an estimator's measured/base level drifts past
-`DRIFT_THRESHOLD` over a full window, its device kind (or transfer pair) is
-handed out for a background re-profile (scheduler/reprofile.py).
+`DRIFT_THRESHOLD` over a full window, and the drift moves its median time by
+`DRIFT_MIN_S` or more, its device kind (or transfer pair) is handed out for a
+background re-profile (scheduler/reprofile.py).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ logger = logging.getLogger(__name__)
 _GROUP = re.compile(r"layers\[(\d+):(\d+)\]")
 FORMAT_VERSION = 2
 DRIFT_THRESHOLD = 0.15  # |measured / base - 1| (median over a full window) that re-profiles
+DRIFT_MIN_S = 5e-4  # a drift that moves the op's median time by less re-profiles nothing
 REPROFILE_COOLDOWN_S = 300.0  # of op time between re-profiles of one kind or pair (doubles
 # while the drift persists after one)
 
@@ -388,6 +390,8 @@ class DriftWatch:
         if abs(level - 1.0) <= self.threshold:
             self._wait.pop(key, None)  # back where it was profiled: a later drift is new
             return False
+        if abs(1.0 - 1.0 / level) * est.median_seconds() < DRIFT_MIN_S:
+            return False  # NOTE: a 35 us embedding read 1.5x its profile by Python overhead alone
         if at < self._next.get(key, float("-inf")):
             return False
         wait = self._wait.get(key, self.cooldown_s)

@@ -140,6 +140,11 @@ class LinearEstimator:
     def mape(self) -> float | None:
         return sum(self.errors) / len(self.errors) if self.errors else None
 
+    def median_seconds(self) -> float:
+        """The median measured time in the online window (0 when it is empty)."""
+        ys = sorted(y for _, y, _ in self.recent)
+        return ys[len(ys) // 2] if ys else 0.0
+
     def drift(self) -> float | None:
         """The level (measured / base time, median) once a full window backs it, else None."""
         return self.level if self.level_n >= self.window else None

@@ -9,6 +9,7 @@ import time
 from collections import defaultdict
 
 import pytest
+import torch
 
 from executors.executor import Executor
 from executors.types import Device, OpInstance, OpState, Priority
@@ -200,3 +201,29 @@ def test_an_executor_that_hands_its_ops_away_leaves_their_cpu_time_unmeasured() 
     finally:
         ex.stop()
     assert op.state is OpState.DONE and op.cpu_s is None
+
+
+def test_a_batch_is_built_before_the_op_clock_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    import models.batch
+
+    def slow_build(*args: object) -> object:
+        time.sleep(0.05)  # a batch that takes long to lay out
+        return object()
+
+    monkeypatch.setattr(models.batch, "build_batch", slow_build)
+    sink = Sink()
+    seen: list[object] = []
+    ex = Executor(Device("cpu:0", 1 << 40), lambda op: seen.append(op.batch.built), sink,
+                  None)
+    ex.start()
+    try:
+        op = plain_op("cpu:0")
+        op.batch = models.batch.BatchSource([], 16, torch.device("cpu"))
+        t0 = time.monotonic()
+        ex.enqueue(op)
+        sink.wait_finished([op])
+    finally:
+        ex.stop()
+    assert op.state is OpState.DONE and seen and seen[0] is not None  # built before the op ran
+    assert op.start is not None and op.end is not None
+    assert op.start - t0 >= 0.05 and op.end - op.start < 0.04  # the build is not the op's time

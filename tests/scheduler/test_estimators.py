@@ -273,3 +273,17 @@ def test_drift_triggers_a_reprofile_once_per_cooldown() -> None:
         est.observe_op("cpu:0", "layers[0:5]", s, _time(s, slower, rng, 0.05), at=18 + 0.2 * k)
     assert fired == ["cpu", "cpu"]  # at ~310 s; the next one waits 600 s more
     assert est.drift.fired == ["cpu", "cpu"]
+
+
+def test_a_drift_of_microseconds_re_profiles_nothing() -> None:
+    rng = random.Random(30)
+    tiny = (1e-8, 0.0, 0.0, 0.0, 0.0, 3.5e-5)  # an embedding: ~35 us whatever the shape
+    shapes = _shapes(400, seed=31)
+    est = Estimators({"cpu:0": "cpu"})
+    est.fit_op("cpu", "embed", shapes[:80], [_time(s, tiny, rng) for s in shapes[:80]])
+    fired: list[str] = []
+    est.on_drift = fired.append
+    for k, s in enumerate(shapes[80:]):  # 1.5x its profile: Python overhead, 18 us an op
+        est.observe_op("cpu:0", "embed", s, 1.5 * _time(s, tiny, rng), at=0.1 * k)
+    assert abs(est.ops[("cpu", "embed")].level - 1.5) < 0.05  # the drift is seen ...
+    assert fired == []  # ... and moves no prediction by enough to re-profile
