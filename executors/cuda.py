@@ -44,6 +44,11 @@ class CudaExecutor(Executor):
         torch.cuda.set_device(self.device.index)
         self.stream = torch.cuda.Stream(device=self.device.torch_device)
 
+    def _prepare(self, op: OpInstance) -> bool:
+        # NOTE: the batch's tensors are built inside `_run`, on this executor's stream (built
+        # before it, their copies would run on the default stream, unordered with the op's)
+        return False
+
     def _run(self, op: OpInstance) -> Any:
         stream = self.stream
         assert stream is not None, "the worker thread makes the stream"
