@@ -11,6 +11,7 @@ from executors.types import Priority
 from models.batch import BatchShape
 from models.loader import load
 from models.sampling_params import SamplingParams
+from scheduler import estimators
 from scheduler.config import SchedulerConfig
 from scheduler.factory import build_scheduler, parse_devices
 from scheduler.ieg import FinishReason, Request
@@ -43,7 +44,10 @@ async def test_a_fit_without_the_pair_serves_and_profiles_it(tiny_model_dir: Pat
 
 
 async def test_a_drifted_kind_is_profiled_again_when_the_devices_are_idle(
-        tiny_model_dir: Path, tmp_path: Path) -> None:
+        tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # NOTE: the tiny model's ops take microseconds, whose drifts re-profile nothing (the floor
+    # has its own test); here the drift must count
+    monkeypatch.setattr(estimators, "DRIFT_MIN_S", 0.0)
     model = load(tiny_model_dir, dtype="float32")
     est = load_or_profile(model, ["cpu:0", "cpu:1"], tmp_path, SMALL)
     assert est.interference is not None  # two CPU devices: the co-location sweep ran
