@@ -42,6 +42,7 @@ class LayerChoice:
     decode: str = "sdpa"  # decode attention: "sdpa" | "matmul" (both over gathered KV) | "native"
     norm_rope: str = "aten"  # RMSNorm and RoPE: "aten" ops | "native" one-pass kernels
     decode_layer: str = "ops"  # decode-only batches of few rows: "ops" | "native" (one call)
+    pad_rows: int = 0  # layer groups run GEMMs on rows padded to a multiple of this (0: none)
 
     def __post_init__(self) -> None:
         if self.decode_layer not in DECODE_LAYERS:
@@ -50,6 +51,8 @@ class LayerChoice:
             raise ValueError(f"unknown decode attention {self.decode!r}")
         if self.norm_rope not in NORM_ROPE_KERNELS:
             raise ValueError(f"unknown norm/rope kernel {self.norm_rope!r}")
+        if self.pad_rows < 0:
+            raise ValueError(f"pad_rows must be >= 0, got {self.pad_rows}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,14 +66,16 @@ class KernelChoice:
         lay = self.layer
         return (f"GEMM {self.gemm.name}; prefill attention: matmuls up to "
                 f"{lay.matmul_max_scores} scores, then SDPA; decode attention {lay.decode}; "
-                f"norm and RoPE {lay.norm_rope}; decode layer {lay.decode_layer}")
+                f"norm and RoPE {lay.norm_rope}; decode layer {lay.decode_layer}; "
+                f"rows padded to {lay.pad_rows or 'none'}")
 
     def to_dict(self) -> dict[str, Any]:
         g, lay = self.gemm, self.layer
         return {"gemm": {"backend": g.backend, "pack_rows": g.pack_rows,
                          "native_rows": g.native_rows},
                 "layer": {"matmul_max_scores": lay.matmul_max_scores, "decode": lay.decode,
-                          "norm_rope": lay.norm_rope, "decode_layer": lay.decode_layer}}
+                          "norm_rope": lay.norm_rope, "decode_layer": lay.decode_layer,
+                          "pad_rows": lay.pad_rows}}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> KernelChoice:

@@ -101,14 +101,35 @@ def rope_and_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dims
     return qk[:, :h], qk[:, h:], v  # [T, H, d], [T, Hkv, d], [T, Hkv, d]
 
 
+def padded_rows(rows: int, pad: int, native_rows: int) -> int:
+    """The rows a layer group runs its GEMMs on: `rows` up to the next multiple of `pad`,
+    except where the native GEMV takes them (`native_rows`) or nothing is padded."""
+    if pad <= 1 or rows <= native_rows:
+        return rows
+    return -(-rows // pad) * pad
+
+
+def pad_to(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """`x` [T, ...] as [rows, ...], zeros after T (`x` itself when rows == T; a copy else)."""
+    t = x.shape[0]
+    if rows == t:
+        return x
+    out = x.new_empty((rows, *x.shape[1:]))
+    out[:t].copy_(x)
+    out[t:].zero_()
+    return out
+
+
 def attention_block(x: torch.Tensor, w: LayerWeights, dims: AttnDims, cos: torch.Tensor,
                     sin: torch.Tensor, batch: Batch, kv: KVCache, layer: int,
                     choice: LayerChoice) -> torch.Tensor:
-    # x: [T, D] (the layer's input) -> x + attention(norm(x)): [T, D]
-    qkv = w.qkv(norm(x, w.input_norm, dims.eps, choice.norm_rope))  # [T, (H + 2*Hkv) * d]
-    q, k, v = rope_and_write(qkv, cos, sin, dims, kv, layer, batch.slot_mapping, choice.norm_rope)
+    # x: [R, D] (the layer's input; R >= T, rows past T padding) -> x + attention(norm(x))
+    t = batch.slot_mapping.shape[0]
+    qkv = w.qkv(norm(x, w.input_norm, dims.eps, choice.norm_rope))  # [R, (H + 2*Hkv) * d]
+    q, k, v = rope_and_write(qkv[:t], cos, sin, dims, kv, layer, batch.slot_mapping,
+                             choice.norm_rope)
     out = attn.attention(q, k, v, batch, kv, layer, choice)  # [T, H, d]
-    return w.o.add(out.reshape(x.shape[0], -1), x)
+    return w.o.add(pad_to(out, x.shape[0]).reshape(x.shape[0], -1), x)
 
 
 def mlp_block(h: torch.Tensor, w: LayerWeights, eps: float, choice: LayerChoice) -> torch.Tensor:

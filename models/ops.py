@@ -20,6 +20,8 @@ from models.layers import (
     LayerWeights,
     decoder_layer,
     native_decoder_layer,
+    pad_to,
+    padded_rows,
     rms_norm,
     rope_cos_sin,
     whole_layer_native,
@@ -57,12 +59,15 @@ class LayerGroupOp:
         assert x is not None and kv is not None
         cos, sin = rope_cos_sin(batch.positions, self.inv_freq, self.rope_scale, x.dtype)
         whole = whole_layer_native(batch, self.layers[0], self.layer)
+        t = x.shape[0]
+        if not whole:  # NOTE: oneDNN builds a GEMM primitive per row count; padding bounds them
+            x = pad_to(x, padded_rows(t, self.layer.pad_rows, self.layers[0].qkv.native_rows))
         for layer, w in zip(self.template.layers, self.layers, strict=True):
             if whole:
                 x = native_decoder_layer(x, w, self.dims, cos, sin, batch, kv, layer)
             else:
                 x = decoder_layer(x, w, self.dims, cos, sin, batch, kv, layer, self.layer)
-        return x
+        return x[:t]
 
     def to(self, device: torch.device) -> LayerGroupOp:
         return replace(self, layers=[w.to(device) for w in self.layers],

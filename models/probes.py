@@ -233,3 +233,45 @@ def measure_decode_layer(layers: list[LayerWeights], cfg: ModelConfig, dtype: to
                               for k in ("ops", "native")}, repeats)
     score = {k: sum(m[k] for m in ms.values()) for k in ("ops", "native")}
     return min(score, key=lambda k: score[k]), ms
+
+
+PAD = 16  # the row multiple tried: AMX's tile height, and oneDNN's row blocking
+PAD_PROBE_ROWS = (41, 105, 217)  # 7 rows short of a multiple (the mean pad); met by no other probe
+
+
+def _layer_gemms(w: LayerWeights, rows: int, dtype: torch.dtype) -> Callable[[], object]:
+    # one decoder layer's GEMMs with the epilogues `models.layers` fuses into them
+    x = torch.randn(rows, w.qkv.plain().shape[1]).to(dtype)
+    a = torch.randn(rows, w.o.plain().shape[1]).to(dtype)
+    act = torch.randn(rows, w.down.plain().shape[1]).to(dtype)
+
+    def run() -> None:
+        w.qkv(x)
+        w.o.add(a, x)
+        w.down.add(act, x)
+        w.up.mul(x, w.gate.silu(x))
+    return run
+
+
+def measure_pad(layers: list[LayerWeights], dtype: torch.dtype, gemm: GemmChoice,
+                repeats: int) -> tuple[int, dict[int, dict[str, float]]]:
+    """`PAD` when a layer's first run at a row count new to the process (oneDNN builds its
+    GEMM primitives then) costs more than running every batch on rows padded to a multiple
+    of `PAD`, else 0. Timed on the first layer at counts no earlier probe ran."""
+    w = layer_for(layers[0], gemm)
+    ms: dict[int, dict[str, float]] = {}
+    for rows in PAD_PROBE_ROWS:
+        exact, padded = _layer_gemms(w, rows, dtype), _layer_gemms(w, -(-rows // PAD) * PAD, dtype)
+        t0 = time.perf_counter()
+        exact()
+        first = (time.perf_counter() - t0) * 1e3
+        ms[rows] = {"first": first, **median_ms({"exact": exact, "padded": padded}, repeats)}
+    return pad_rule(ms), ms
+
+
+def pad_rule(ms: dict[int, dict[str, float]]) -> int:
+    """`PAD` when the median first-run extra ("first" - "exact") exceeds the median cost of
+    padding ("padded" - "exact") over the probed row counts, else 0 (pure)."""
+    extra = statistics.median(m["first"] - m["exact"] for m in ms.values())
+    cost = statistics.median(m["padded"] - m["exact"] for m in ms.values())
+    return PAD if extra > cost else 0

@@ -15,6 +15,11 @@ of a (CPU, torch, model shape, dtype, threads) this module times
 - aten against native RMSNorm + RoPE + KV write at 1..512 tokens;
 - where every part of a decode layer went native: the layers op by op against
   one native call per layer, for decode steps of 1 and `native_rows` rows;
+- a layer's GEMMs at row counts new to the process, first run against later
+  runs, and against the same rows padded to a multiple of 16: oneDNN builds a
+  primitive per row count on first use, so where that costs more than the
+  padding, layer groups pad their rows (a live stream meets new prompt
+  lengths all the time);
 
 then writes the choice, every timing and whether the native kernels were on
 (how they were built, or why not) to `cache_root()/kernels/*.json`, which later
@@ -45,7 +50,7 @@ from models.linear import onednn_available
 
 logger = logging.getLogger(__name__)
 
-TUNING_VERSION = 2  # NOTE: bump when candidates or the method change, so caches are remeasured
+TUNING_VERSION = 3  # NOTE: bump when candidates or the method change, so caches are remeasured
 
 
 @dataclass(slots=True)
@@ -72,9 +77,10 @@ def measure(layers: list[LayerWeights], cfg: ModelConfig, dtype: torch.dtype,
         norm_rope, norm_ms = probes.measure_norm_rope(cfg, dtype, repeats)
         layer = LayerChoice(limit, decode, norm_rope)
         whole, whole_ms = probes.measure_decode_layer(layers, cfg, dtype, gemm, layer, repeats)
-    choice = KernelChoice(gemm, replace(layer, decode_layer=whole))
+        pad, pad_ms = probes.measure_pad(layers, dtype, gemm, repeats)
+    choice = KernelChoice(gemm, replace(layer, decode_layer=whole, pad_rows=pad))
     timings = {"gemm": gemm_ms, "prefill_attention": prefill_ms, "decode_attention": decode_ms,
-               "norm_rope": norm_ms, "decode_layer": whole_ms}
+               "norm_rope": norm_ms, "decode_layer": whole_ms, "pad_rows": pad_ms}
     return Tuned(choice, tuning_key(cfg, dtype, threads), timings, time.perf_counter() - t0,
                  cpu_caps().line(), native.note())
 

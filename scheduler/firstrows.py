@@ -10,7 +10,8 @@ ignores it is low by that much (most of the simulator bench's end-to-end
 error). `FirstRows` remembers the row counts issued, charges the first layer
 group of a plan at an unseen count with the learnt ratio, and learns that
 ratio from the charged ops instead of the estimators' online refit (which
-would otherwise read each one as an outlier or a drift).
+would otherwise read each one as an outlier or a drift). Where layer groups
+pad their rows (`LayerChoice.pad_rows`), a row count is its padded count.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from collections.abc import Callable, Iterable
 
 from executors.types import OpInstance, OpRole, OpState
 from models.batch import BatchShape
+from models.choices import KernelChoice
+from models.layers import padded_rows
 from models.template import GraphTemplate, OpKind
 
 MIN_SAMPLES = 3  # charged ops observed before the ratio is applied
@@ -34,12 +37,22 @@ class FirstRows:
         self.seen: OrderedDict[int, None] = OrderedDict()
         self.ratios: deque[float] = deque(maxlen=window)
         self.pending: dict[int, float] = {}  # op id -> its estimate without the charge
+        self.pad, self.native_rows = 0, 0  # the CPU layer groups' row padding
 
     def reset(self) -> None:
         """Forget every row count and ratio (a fresh process; tests)."""
         self.seen.clear()
         self.ratios.clear()
         self.pending.clear()
+        self.pad, self.native_rows = 0, 0
+
+    def configure(self, kernels: KernelChoice) -> None:
+        """Count rows as the CPU layer groups of `kernels` run them (padded or not)."""
+        self.pad, self.native_rows = kernels.layer.pad_rows, kernels.gemm.native_rows
+
+    def rows(self, shape: BatchShape) -> int:
+        """The row count a layer group's GEMMs run `shape` on."""
+        return padded_rows(shape.num_tokens, self.pad, self.native_rows)
 
     def ratio(self) -> float:
         """Median first-run time over the estimate, once learnt (else 1: no charge)."""
@@ -51,7 +64,7 @@ class FirstRows:
         """Seconds to add to a layer group's estimate `est_s`: the first-run extra where the
         row count is new to the process and not already charged in this plan (`charged`,
         updated)."""
-        rows = shape.num_tokens
+        rows = self.rows(shape)
         if "cpu" not in device or rows in self.seen or rows in charged:
             return 0.0
         charged.add(rows)
@@ -65,7 +78,7 @@ class FirstRows:
             if (op.role is not OpRole.COMPUTE
                     or template.ops[op.template_index].kind is not OpKind.LAYERS):
                 continue
-            rows = op.shape.num_tokens
+            rows = self.rows(op.shape)
             if "cpu" in op.device and rows not in self.seen:
                 self.pending[op.op_id] = op_time(op.device, op.name, op.shape)
                 if len(self.pending) > SEEN_CAPACITY:  # NOTE: ops withdrawn before they ran

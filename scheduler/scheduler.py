@@ -81,6 +81,7 @@ class Scheduler:
         self.drain = DrainRate()  # prompt tokens served per second (predicts Retry-After)
         self.inflight = InFlight()
         self.first_rows = firstrows.PROCESS  # oneDNN's primitive cache is process-wide
+        self.first_rows.configure(model.kernels)
         self.builder = Builder(model.template, self.cfg.block_size, op_time, xfer_time,
                                self.first_rows)
         self.exec = Execution(model, self.devices, self.kv, self.ledgers,

@@ -1,4 +1,4 @@
-"""The two attention paths agree, in fp32 and bf16, causal and over a prefix."""
+"""The two attention paths agree, in fp32 and bf16, causal and over a prefix; row padding."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from models.attention import attend_matmul, attend_sdpa
+from models.layers import pad_to, padded_rows
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
@@ -20,3 +21,12 @@ def test_matmul_attention_equals_sdpa(dtype: torch.dtype, tol: float, past: int)
     want = attend_sdpa(q, k, v, mask if past else None)
     got = attend_matmul(q, k, v, mask)
     torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+
+
+def test_rows_pad_to_the_next_multiple_except_for_the_native_gemv() -> None:
+    assert [padded_rows(r, 16, 2) for r in (1, 2, 3, 16, 17, 100)] == [1, 2, 16, 16, 32, 112]
+    assert padded_rows(100, 0, 2) == 100  # nothing padded
+    x = torch.arange(6.0).view(3, 2)
+    assert pad_to(x, 3) is x
+    got = pad_to(x, 5)
+    assert got.shape == (5, 2) and torch.equal(got[:3], x) and not got[3:].any()

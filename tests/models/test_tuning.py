@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import models
-from models import native, tuning
+from models import native, probes, tuning
 from models.choices import PORTABLE, KernelChoice
 from models.cpu import parse_cpuinfo
 from models.linear import onednn_available
@@ -125,3 +125,23 @@ def test_a_cache_that_cannot_be_written_costs_a_measurement_not_the_load(
     models.load(tiny_model_dir, dtype="float32")
     models.load(tiny_model_dir, dtype="float32")
     assert len(calls) == 2 and "kernel choice not cached" in caplog.text
+
+
+def test_rows_are_padded_only_where_a_first_run_costs_more_than_padding() -> None:
+    jit = {41: {"first": 6.0, "exact": 0.7, "padded": 0.6},
+           105: {"first": 8.8, "exact": 1.0, "padded": 1.0},
+           217: {"first": 15.7, "exact": 1.6, "padded": 1.5}}
+    assert probes.pad_rule(jit) == probes.PAD
+    cheap = {r: {**m, "first": m["exact"] * 1.05, "padded": m["exact"] * 1.2}
+             for r, m in jit.items()}
+    assert probes.pad_rule(cheap) == 0
+
+
+def test_the_padding_probe_is_recorded_with_its_choice(tiny_model_dir: Path, cache: Path) -> None:
+    model = models.load(tiny_model_dir, dtype="float32")
+    record = json.loads(next((cache / "kernels").glob("*.json")).read_text())
+    probed = record["timings_ms"]["pad_rows"]
+    assert sorted(int(r) for r in probed) == sorted(probes.PAD_PROBE_ROWS)
+    assert all(set(m) == {"first", "exact", "padded"} for m in probed.values())
+    assert model.kernels.layer.pad_rows == probes.pad_rule(
+        {int(r): m for r, m in probed.items()})

@@ -1,4 +1,5 @@
 from executors.types import OpInstance, OpRole, OpState, Priority
+from models.choices import GemmChoice, KernelChoice, LayerChoice
 from models.template import OpKind
 from scheduler.config import SchedulerConfig
 from scheduler.firstrows import MIN_SAMPLES, SEEN_CAPACITY, FirstRows
@@ -86,3 +87,15 @@ def test_ops_that_never_ran_are_forgotten() -> None:
             op.op_id = 100 * k + i  # NOTE: unique, as one scheduler's builder numbers them
         first.issued(ops, TEMPLATE, linear_time)
     assert len(first.pending) == SEEN_CAPACITY
+
+
+def test_with_padded_rows_a_count_in_a_bucket_already_run_is_not_charged() -> None:
+    first = FirstRows()
+    first.configure(KernelChoice(GemmChoice("aten", native_rows=2), LayerChoice(pad_rows=16)))
+    first.ratios.extend([2.0] * MIN_SAMPLES)
+    run(first, plan(first, 100), slowdown=2.0)  # runs on 112 rows
+    for tokens in (97, 105, 112):
+        assert all(op.est_s == linear_time(op.device, op.name, op.shape)
+                   for op in plan(first, tokens).ops)
+    op = layer_ops(plan(first, 113))[0]  # 128 rows: a new bucket
+    assert op.est_s == 2.0 * linear_time(op.device, op.name, op.shape)
