@@ -4,50 +4,87 @@ oneDNN builds a GEMM primitive the first time it meets a row count and keeps
 it in a process-wide cache, so the first run of the operator chain at a new
 length pays for building them, in whichever operator meets them first. For
 each of a few lengths no earlier run of this process used, the chain runs
-twice on the same batch; the table shows each operator's first and second
-time (the first layer group carries the extra), and the kernels are the ones
-`models.tuning` chose for this CPU (its capability line is printed).
+twice on the same batch, first with layer groups on exact rows, then (at a
+length 4 tokens longer, new too) on rows padded to a multiple of
+`probes.PAD` (`LayerChoice.pad_rows`), and once more at a third length that
+pads to the same rows: the first layer group carries the extra where its rows
+are new. The other kernels are the ones `models.tuning` chose for this CPU
+(its capability line is printed).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from models.bench_cases import BLOCK, ours_batch, per_op_seconds
 from models.cpu import cpu_caps, torch_threads
-from models.kv_cache import blocks_for
-from models.loader import load
+from models.kv_cache import KVCache, blocks_for
+from models.layers import padded_rows
+from models.loader import Model, load
+from models.ops import LayerGroupOp
+from models.probes import PAD
 
 LENGTHS = (97, 193, 301, 389, 509)  # odd counts: met by no earlier run of the process
 
 
+def set_pad(model: Model, pad: int) -> None:
+    """Make `model`'s layer groups pad their rows to a multiple of `pad` (0: none)."""
+    for op in model.ops:
+        if isinstance(op, LayerGroupOp):
+            op.layer = replace(op.layer, pad_rows=pad)
+
+
+def _runs(model: Model, kv: KVCache, n: int, times: int) -> list[list[float]]:
+    batch = ours_batch(model, kv, [n], [0])
+    out = [per_op_seconds(model, batch, kv) for _ in range(times)]
+    kv.allocator.free(list(batch.seqs[0].block_table))
+    return out
+
+
 def first_and_second(spec: str, lengths: tuple[int, ...], threads: int
                      ) -> list[dict[str, object]]:
-    """Per length: per-op seconds of the first and of the second chain run."""
+    """Per length n: per-op seconds of the first and second chain run at n on exact rows,
+    at n + 4 on padded rows, and the first run at n + 6 (padded to the same rows)."""
     model = load(spec, dtype="bfloat16")
     names = [t.name for t in model.template.ops]
-    kv = model.new_kv_cache(blocks_for(max(lengths), BLOCK), BLOCK)
+    kv = model.new_kv_cache(blocks_for(max(lengths) + 6, BLOCK), BLOCK)
+    native = model.kernels.gemm.native_rows
     rows = []
     with torch_threads(threads):
         for n in lengths:
-            batch = ours_batch(model, kv, [n], [0])
-            first, second = per_op_seconds(model, batch, kv), per_op_seconds(model, batch, kv)
-            kv.allocator.free(list(batch.seqs[0].block_table))
-            rows.append({"tokens": n, "ops": names, "first_s": first, "second_s": second})
+            set_pad(model, 0)
+            first, second = _runs(model, kv, n, 2)
+            set_pad(model, PAD)
+            pfirst, psecond = _runs(model, kv, n + 4, 2)
+            (other,) = _runs(model, kv, n + 6, 1)
+            rows.append({"tokens": n, "ops": names, "first_s": first, "second_s": second,
+                         "padded_rows": padded_rows(n + 4, PAD, native),
+                         "padded_first_s": pfirst, "padded_second_s": psecond,
+                         "padded_other_first_s": other})
     return rows
+
+
+def _ms(r: dict[str, object], key: str, op: int = 1) -> float:
+    v = r[key]
+    assert isinstance(v, list)
+    return float(v[op]) * 1e3
 
 
 def run(spec: str, threads: int, out: Path | None) -> list[dict[str, object]]:
     print(f"CPU: {cpu_caps().line()}; {threads} thread(s); bfloat16\n")
     rows = first_and_second(spec, LENGTHS, threads)
-    print("| prompt tokens | first layer group: first / second run ms | extra ms | "
-          "other ops: first / second ms |\n|---:|---:|---:|---:|")
+    print("first layer group's ms; exact: n tokens on n rows; padded: n + 4 tokens, then "
+          f"n + 6, on rows padded to a multiple of {PAD}\n")
+    print("| n | exact: first / second | extra | padded rows | padded: first / second | "
+          "extra | n + 6, first run |\n|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        f, s = r["first_s"], r["second_s"]
-        assert isinstance(f, list) and isinstance(s, list)
-        print(f"| {r['tokens']} | {f[1] * 1e3:.1f} / {s[1] * 1e3:.1f} | "
-              f"{(f[1] - s[1]) * 1e3:.1f} | {sum(f[2:]) * 1e3:.1f} / {sum(s[2:]) * 1e3:.1f} |")
+        f, s = _ms(r, "first_s"), _ms(r, "second_s")
+        pf, ps, po = (_ms(r, k) for k in ("padded_first_s", "padded_second_s",
+                                          "padded_other_first_s"))
+        print(f"| {r['tokens']} | {f:.1f} / {s:.1f} | {f - s:.1f} | {r['padded_rows']} | "
+              f"{pf:.1f} / {ps:.1f} | {pf - ps:.1f} | {po:.1f} |")
     if out is not None:
         out.write_text(json.dumps({"cpu": cpu_caps().line(), "threads": threads, "rows": rows},
                                   indent=1))

@@ -1,11 +1,15 @@
 from models.bench_first import first_and_second
+from models.probes import PAD
 
 
-def test_first_and_second_runs_time_every_op_of_the_chain() -> None:
+def test_first_and_second_runs_time_every_op_of_the_chain_exact_and_padded() -> None:
     rows = first_and_second("tiny-random", (37, 53), threads=1)
     assert [r["tokens"] for r in rows] == [37, 53]
+    assert [r["padded_rows"] for r in rows] == [48, 64]  # 41 and 57 tokens, up to PAD
     for r in rows:
-        first, second = r["first_s"], r["second_s"]
-        assert isinstance(first, list) and isinstance(second, list)
-        assert len(first) == len(second) == len(r["ops"])  # type: ignore[arg-type]
-        assert all(t > 0 for t in first + second)
+        runs = [r[k] for k in ("first_s", "second_s", "padded_first_s", "padded_second_s",
+                               "padded_other_first_s")]
+        for times in runs:
+            assert isinstance(times, list) and len(times) == len(r["ops"])  # type: ignore[arg-type]
+            assert all(t > 0 for t in times)
+    assert PAD == 16
