@@ -17,6 +17,8 @@ from gateway.cluster import ray_scheduler
 from gateway.config import GatewayConfig, SchedulerSettings
 from gateway.sampling_defaults import SamplingDefaults, load_sampling_defaults
 from models.loader import load
+from models.warmup import warm_rows
+from scheduler import firstrows
 from scheduler.api import SchedulerAPI
 from scheduler.config import SchedulerConfig
 from scheduler.execution import cpu_threads, default_factory
@@ -155,6 +157,8 @@ def build_engine(config: GatewayConfig) -> Engine:
         logger.warning("TESTING: %.2f%% of operators will fail (--fault-rate)",
                        100 * config.scheduler.fault_rate)
         factory = faulty(default_factory(threads), config.scheduler.fault_rate)
+    if any(d.kind == "cpu" for d in devices):  # NOTE: before profiling, which it would slow
+        firstrows.PROCESS.ran(warm_rows(model, threads))
     sched = build_scheduler(model, devices, cfg, executor_factory=factory)
     return engine_for_model(model, sched, config)
 

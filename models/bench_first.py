@@ -50,7 +50,6 @@ def first_and_second(spec: str, lengths: tuple[int, ...], threads: int
     model = load(spec, dtype="bfloat16")
     names = [t.name for t in model.template.ops]
     kv = model.new_kv_cache(blocks_for(max(lengths) + 6, BLOCK), BLOCK)
-    native = model.kernels.gemm.native_rows
     rows = []
     with torch_threads(threads):
         for n in lengths:
@@ -60,7 +59,7 @@ def first_and_second(spec: str, lengths: tuple[int, ...], threads: int
             pfirst, psecond = _runs(model, kv, n + 4, 2)
             (other,) = _runs(model, kv, n + 6, 1)
             rows.append({"tokens": n, "ops": names, "first_s": first, "second_s": second,
-                         "padded_rows": padded_rows(n + 4, PAD, native),
+                         "padded_rows": padded_rows(n + 4, PAD),
                          "padded_first_s": pfirst, "padded_second_s": psecond,
                          "padded_other_first_s": other})
     return rows

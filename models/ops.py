@@ -61,7 +61,7 @@ class LayerGroupOp:
         whole = whole_layer_native(batch, self.layers[0], self.layer)
         t = x.shape[0]
         if not whole:  # NOTE: oneDNN builds a GEMM primitive per row count; padding bounds them
-            x = pad_to(x, padded_rows(t, self.layer.pad_rows, self.layers[0].qkv.native_rows))
+            x = pad_to(x, padded_rows(t, self.layer.pad_rows))
         for layer, w in zip(self.template.layers, self.layers, strict=True):
             if whole:
                 x = native_decoder_layer(x, w, self.dims, cos, sin, batch, kv, layer)

@@ -236,11 +236,11 @@ def measure_decode_layer(layers: list[LayerWeights], cfg: ModelConfig, dtype: to
 
 
 PAD = 16  # the row multiple tried: AMX's tile height, and oneDNN's row blocking
-PAD_PROBE_ROWS = (41, 105, 217)  # 7 rows short of a multiple (the mean pad); met by no other probe
+PAD_PROBE_ROWS = (73, 137, 217)  # 7 rows short of a multiple (the mean pad); met by no other probe
 
 
-def _layer_gemms(w: LayerWeights, rows: int, dtype: torch.dtype) -> Callable[[], object]:
-    # one decoder layer's GEMMs with the epilogues `models.layers` fuses into them
+def layer_gemms(w: LayerWeights, rows: int, dtype: torch.dtype) -> Callable[[], object]:
+    """One decoder layer's GEMMs at `rows` rows, with the epilogues `models.layers` fuses."""
     x = torch.randn(rows, w.qkv.plain().shape[1]).to(dtype)
     a = torch.randn(rows, w.o.plain().shape[1]).to(dtype)
     act = torch.randn(rows, w.down.plain().shape[1]).to(dtype)
@@ -261,7 +261,7 @@ def measure_pad(layers: list[LayerWeights], dtype: torch.dtype, gemm: GemmChoice
     w = layer_for(layers[0], gemm)
     ms: dict[int, dict[str, float]] = {}
     for rows in PAD_PROBE_ROWS:
-        exact, padded = _layer_gemms(w, rows, dtype), _layer_gemms(w, -(-rows // PAD) * PAD, dtype)
+        exact, padded = layer_gemms(w, rows, dtype), layer_gemms(w, -(-rows // PAD) * PAD, dtype)
         t0 = time.perf_counter()
         exact()
         first = (time.perf_counter() - t0) * 1e3

@@ -37,22 +37,30 @@ class FirstRows:
         self.seen: OrderedDict[int, None] = OrderedDict()
         self.ratios: deque[float] = deque(maxlen=window)
         self.pending: dict[int, float] = {}  # op id -> its estimate without the charge
-        self.pad, self.native_rows = 0, 0  # the CPU layer groups' row padding
+        self.pad = 0  # the CPU layer groups' row padding
 
     def reset(self) -> None:
         """Forget every row count and ratio (a fresh process; tests)."""
         self.seen.clear()
         self.ratios.clear()
         self.pending.clear()
-        self.pad, self.native_rows = 0, 0
+        self.pad = 0
 
     def configure(self, kernels: KernelChoice) -> None:
         """Count rows as the CPU layer groups of `kernels` run them (padded or not)."""
-        self.pad, self.native_rows = kernels.layer.pad_rows, kernels.gemm.native_rows
+        self.pad = kernels.layer.pad_rows
+
+    def ran(self, rows: list[int]) -> None:
+        """Remember row counts the process already ran (a warm-up; `models.warmup`)."""
+        for r in rows:
+            self.seen[r] = None
+            self.seen.move_to_end(r)
+        while len(self.seen) > SEEN_CAPACITY:
+            self.seen.popitem(last=False)
 
     def rows(self, shape: BatchShape) -> int:
         """The row count a layer group's GEMMs run `shape` on."""
-        return padded_rows(shape.num_tokens, self.pad, self.native_rows)
+        return padded_rows(shape.num_tokens, self.pad)
 
     def ratio(self) -> float:
         """Median first-run time over the estimate, once learnt (else 1: no charge)."""
@@ -83,10 +91,7 @@ class FirstRows:
                 self.pending[op.op_id] = op_time(op.device, op.name, op.shape)
                 if len(self.pending) > SEEN_CAPACITY:  # NOTE: ops withdrawn before they ran
                     del self.pending[next(iter(self.pending))]
-            self.seen[rows] = None
-            self.seen.move_to_end(rows)
-            if len(self.seen) > SEEN_CAPACITY:
-                self.seen.popitem(last=False)
+            self.ran([rows])
 
     def observed(self, op: OpInstance) -> bool:
         """True if `op` was a first run (its ratio learnt here, not by the estimators)."""

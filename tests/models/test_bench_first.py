@@ -3,9 +3,9 @@ from models.probes import PAD
 
 
 def test_first_and_second_runs_time_every_op_of_the_chain_exact_and_padded() -> None:
-    rows = first_and_second("tiny-random", (37, 53), threads=1)
-    assert [r["tokens"] for r in rows] == [37, 53]
-    assert [r["padded_rows"] for r in rows] == [48, 64]  # 41 and 57 tokens, up to PAD
+    rows = first_and_second("tiny-random", (67, 85), threads=1)
+    assert [r["tokens"] for r in rows] == [67, 85]
+    assert [r["padded_rows"] for r in rows] == [80, 96]  # 71 and 89 tokens, up to PAD
     for r in rows:
         runs = [r[k] for k in ("first_s", "second_s", "padded_first_s", "padded_second_s",
                                "padded_other_first_s")]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from models.attention import attend_matmul, attend_sdpa
-from models.layers import pad_to, padded_rows
+from models.layers import EXACT_ROWS, pad_to, padded_rows
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
@@ -23,9 +23,10 @@ def test_matmul_attention_equals_sdpa(dtype: torch.dtype, tol: float, past: int)
     torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
 
 
-def test_rows_pad_to_the_next_multiple_except_for_the_native_gemv() -> None:
-    assert [padded_rows(r, 16, 2) for r in (1, 2, 3, 16, 17, 100)] == [1, 2, 16, 16, 32, 112]
-    assert padded_rows(100, 0, 2) == 100  # nothing padded
+def test_rows_pad_to_the_next_multiple_above_the_small_batches() -> None:
+    assert [padded_rows(r, 16) for r in (1, 3, EXACT_ROWS, 65, 100, 112)] == [
+        1, 3, EXACT_ROWS, 80, 112, 112]
+    assert padded_rows(100, 0) == 100  # nothing padded
     x = torch.arange(6.0).view(3, 2)
     assert pad_to(x, 3) is x
     got = pad_to(x, 5)

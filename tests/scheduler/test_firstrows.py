@@ -99,3 +99,13 @@ def test_with_padded_rows_a_count_in_a_bucket_already_run_is_not_charged() -> No
                    for op in plan(first, tokens).ops)
     op = layer_ops(plan(first, 113))[0]  # 128 rows: a new bucket
     assert op.est_s == 2.0 * linear_time(op.device, op.name, op.shape)
+
+
+def test_row_counts_a_warm_up_ran_are_not_charged() -> None:
+    first = FirstRows()
+    first.ratios.extend([2.0] * MIN_SAMPLES)
+    first.ran([128, 144])
+    assert all(op.est_s == linear_time(op.device, op.name, op.shape)
+               for op in plan(first, 128).ops)
+    op = layer_ops(plan(first, 160))[0]
+    assert op.est_s == 2.0 * linear_time(op.device, op.name, op.shape)
