@@ -1,4 +1,4 @@
-"""`python -m models prepare|tune|generate|direct|bench|first-runs`."""
+"""`python -m models prepare|tune|generate|direct|bench|first-runs|compiled`."""
 
 from __future__ import annotations
 
@@ -99,6 +99,11 @@ def _first_runs(args: argparse.Namespace) -> None:
     run(args.model, args.threads, args.json)
 
 
+def _compiled(args: argparse.Namespace) -> None:
+    from models.bench_compile import run
+    run(args.model, args.threads, args.repeats, args.json)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m models", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -148,6 +153,12 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--threads", type=int, default=1)
     f.add_argument("--json", type=Path, default=None)
     f.set_defaults(fn=_first_runs)
+    c = sub.add_parser("compiled", help="a layer group via torch.compile vs the tuned one")
+    c.add_argument("--model", default="default")
+    c.add_argument("--threads", type=int, default=1)
+    c.add_argument("--repeats", type=int, default=7)
+    c.add_argument("--json", type=Path, default=None)
+    c.set_defaults(fn=_compiled)
     return p
 
 
