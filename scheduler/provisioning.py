@@ -193,7 +193,8 @@ def _relieve(layout: _Layout) -> list[Change]:
     NOTE: one at a time, not as many as one operator would need to relieve the device alone
     (a device that holds several operators is relieved by replicas of each; sizing by one
     placed that operator on every device of the cluster), nor a quarter more at once (fewer
-    steps at 64 devices, 7% more device-seconds)."""
+    steps at 64 devices, but more device-seconds in a throwaway run of the provisioning
+    bench)."""
     adds: list[Change] = []
     for _ in range(len(layout.c.devices) * len(layout.count)):
         hot = layout.hottest()
