@@ -14,7 +14,6 @@ shapes.
 from __future__ import annotations
 
 import json
-import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +28,7 @@ from models.kv_cache import KVCache, blocks_for
 from models.layers import decoder_layer, rope_cos_sin
 from models.loader import Model, load
 from models.ops import LayerGroupOp
+from models.probes import median_ms
 
 CASES = (("prefill", 128), ("prefill", 512), ("decode", 1))
 DECODE_CONTEXT = 300
@@ -36,16 +36,6 @@ DECODE_CONTEXT = 300
 
 def _group(model: Model) -> LayerGroupOp:
     return next(op for op in model.ops if isinstance(op, LayerGroupOp))
-
-
-def _median_ms(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeats):
-        for k, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[k].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) * 1e3 for k, v in times.items()}
 
 
 def _case(tuned: Model, plain: Model, kv: KVCache, kind: str, n: int,
@@ -67,9 +57,7 @@ def _case(tuned: Model, plain: Model, kv: KVCache, kind: str, n: int,
     fns: dict[str, Callable[[], object]] = {
         "tuned": lambda: g_t.run(batch, x, kv), "portable": lambda: g_p.run(batch, x, kv),
         "compiled": lambda: compiled(x)}
-    for fn in fns.values():
-        fn()
-    ms = _median_ms(fns, repeats)
+    ms = median_ms(fns, repeats)
     for s in batch.seqs:
         kv.allocator.free(list(s.block_table))
     return {"case": f"{kind} {n}", "compile_s": compile_s, **ms}
