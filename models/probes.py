@@ -241,9 +241,9 @@ PAD_PROBE_ROWS = (73, 137, 217)  # 7 rows short of a multiple (the mean pad); me
 
 def layer_gemms(w: LayerWeights, rows: int, dtype: torch.dtype) -> Callable[[], object]:
     """One decoder layer's GEMMs at `rows` rows, with the epilogues `models.layers` fuses."""
-    x = torch.randn(rows, w.qkv.plain().shape[1]).to(dtype)
-    a = torch.randn(rows, w.o.plain().shape[1]).to(dtype)
-    act = torch.randn(rows, w.down.plain().shape[1]).to(dtype)
+    x = torch.randn(rows, w.qkv.weight.shape[1]).to(dtype)  # NOTE: packed weights keep [N, K]
+    a = torch.randn(rows, w.o.weight.shape[1]).to(dtype)
+    act = torch.randn(rows, w.down.weight.shape[1]).to(dtype)
 
     def run() -> None:
         w.qkv(x)

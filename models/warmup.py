@@ -1,12 +1,12 @@
 """Running a layer's GEMMs once at every row count a server meets, before serving.
 
 Where layer groups pad their rows (`LayerChoice.pad_rows`), the row counts a
-server meets are the small ones (`EXACT_ROWS`) and, above them, the multiples
-of the pad; oneDNN builds each one's GEMM
-primitives the first time it meets it (`python -m models first-runs`: +11 to
-+39 ms at 100-530 rows on an AMX CPU). Running them once at start-up, on the
-executors' thread count (oneDNN keys its primitives by it), takes that off the
-first requests: about 0.7 s up to 512 rows on one thread.
+server meets are the small ones (up to `EXACT_ROWS`) and, above them, the
+multiples of the pad. oneDNN builds each one's GEMM primitives the first time
+it meets it (`python -m models first-runs`: +11 to +39 ms at 100-530 rows on
+an AMX CPU); running them once at start-up, on the executors' thread count
+(oneDNN keys its primitives by it), takes that off the first requests: about
+1.1 s up to 512 rows on one thread for the default model.
 """
 
 from __future__ import annotations
