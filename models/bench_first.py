@@ -8,25 +8,36 @@ twice on the same batch, first with layer groups on exact rows, then (at a
 length 4 tokens longer, new too) on rows padded to a multiple of
 `probes.PAD` (`LayerChoice.pad_rows`), and once more at a third length that
 pads to the same rows: the first layer group carries the extra where its rows
-are new. The other kernels are the ones `models.tuning` chose for this CPU
-(its capability line is printed).
+are new. A second table gives what padding costs once every count has run:
+the whole chain on exact and on padded rows, interleaved, medians, for
+prefills and for decode steps of a few sequences (padded here as if
+`EXACT_ROWS` were 0: the server keeps such batches exact). The other kernels
+are the ones `models.tuning` chose for this CPU (its capability line is
+printed).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
+from models import layers
+from models.batch import Batch
 from models.bench_cases import BLOCK, ours_batch, per_op_seconds
 from models.cpu import cpu_caps, torch_threads
 from models.kv_cache import KVCache, blocks_for
 from models.layers import padded_rows
 from models.loader import Model, load
 from models.ops import LayerGroupOp
-from models.probes import PAD
+from models.probes import PAD, median_ms
 
 LENGTHS = (97, 193, 301, 389, 509)  # odd counts: met by no earlier run of the process
+STEADY_PREFILLS = (97, 193, 301, 509)
+STEADY_DECODES = (3, 8, 20)
+DECODE_CONTEXT = 300
 
 
 def set_pad(model: Model, pad: int) -> None:
@@ -65,6 +76,49 @@ def first_and_second(spec: str, lengths: tuple[int, ...], threads: int
     return rows
 
 
+@contextmanager
+def _pad_small_batches() -> Iterator[None]:
+    saved, layers.EXACT_ROWS = layers.EXACT_ROWS, 0
+    try:
+        yield
+    finally:
+        layers.EXACT_ROWS = saved
+
+
+def _chain_fn(model: Model, kv: KVCache, batch: Batch, pad: int) -> Callable[[], None]:
+    def run() -> None:
+        set_pad(model, pad)
+        per_op_seconds(model, batch, kv)
+    return run
+
+
+def steady(spec: str, threads: int, repeats: int, prefills: tuple[int, ...] = STEADY_PREFILLS,
+           decodes: tuple[int, ...] = STEADY_DECODES) -> list[dict[str, object]]:
+    """Per case: ms of the whole chain on exact rows and on padded rows (each warm)."""
+    model = load(spec, dtype="bfloat16")
+    need = max([*prefills, *(b * (DECODE_CONTEXT + 1) for b in decodes)])
+    kv = model.new_kv_cache(blocks_for(need, BLOCK) + 2 * max(decodes, default=1), BLOCK)
+    cases = ([(f"prefill {n}", [n], [0]) for n in prefills]
+             + [(f"decode b={b}", [1] * b, [DECODE_CONTEXT] * b) for b in decodes])
+    rows: list[dict[str, object]] = []
+    with torch_threads(threads), _pad_small_batches():
+        for name, new, past in cases:
+            batch = ours_batch(model, kv, new, past)
+            ms = median_ms({"exact": _chain_fn(model, kv, batch, 0),
+                            "padded": _chain_fn(model, kv, batch, PAD)}, repeats)
+            for seq in batch.seqs:
+                kv.allocator.free(list(seq.block_table))
+            rows.append({"case": name, **ms})
+    set_pad(model, 0)
+    return rows
+
+
+def _num(r: dict[str, object], key: str) -> float:
+    v = r[key]
+    assert isinstance(v, float)
+    return v
+
+
 def _ms(r: dict[str, object], key: str, op: int = 1) -> float:
     v = r[key]
     assert isinstance(v, list)
@@ -84,7 +138,13 @@ def run(spec: str, threads: int, out: Path | None) -> list[dict[str, object]]:
                                           "padded_other_first_s"))
         print(f"| {r['tokens']} | {f:.1f} / {s:.1f} | {f - s:.1f} | {r['padded_rows']} | "
               f"{pf:.1f} / {ps:.1f} | {pf - ps:.1f} | {po:.1f} |")
+    costs = steady(spec, threads, repeats=7)
+    print("\nonce every count has run: the whole chain, ms (medians of 7, interleaved)\n\n"
+          "| case | exact rows | padded rows | padded / exact |\n|---|---:|---:|---:|")
+    for c in costs:
+        e, p = _num(c, "exact"), _num(c, "padded")
+        print(f"| {c['case']} | {e:.1f} | {p:.1f} | {p / e:.3f} |")
     if out is not None:
-        out.write_text(json.dumps({"cpu": cpu_caps().line(), "threads": threads, "rows": rows},
-                                  indent=1))
+        out.write_text(json.dumps({"cpu": cpu_caps().line(), "threads": threads, "rows": rows,
+                                   "steady": costs}, indent=1))
     return rows

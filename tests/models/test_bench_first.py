@@ -1,4 +1,5 @@
-from models.bench_first import first_and_second
+from models import layers
+from models.bench_first import first_and_second, steady
 from models.probes import PAD
 
 
@@ -13,3 +14,10 @@ def test_first_and_second_runs_time_every_op_of_the_chain_exact_and_padded() -> 
             assert isinstance(times, list) and len(times) == len(r["ops"])  # type: ignore[arg-type]
             assert all(t > 0 for t in times)
     assert PAD == 16
+
+
+def test_the_steady_cost_of_padding_times_each_case_both_ways() -> None:
+    costs = steady("tiny-random", threads=1, repeats=1, prefills=(67,), decodes=(3,))
+    assert [c["case"] for c in costs] == ["prefill 67", "decode b=3"]
+    assert all(float(c[k]) > 0 for c in costs for k in ("exact", "padded"))  # type: ignore[arg-type]
+    assert layers.EXACT_ROWS == 64  # restored
