@@ -122,6 +122,33 @@ def test_paged_decode_attention_equals_sdpa(dtype: torch.dtype, tol: float) -> N
     torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
 
 
+@needs_native
+@pytest.mark.parametrize("dtype,tol", DTYPES)
+@pytest.mark.parametrize("bs,lens", [(16, [16, 17, 40, 1]), (4, [33, 15, 64]), (8, [300, 2])])
+def test_paged_decode_attention_across_score_tiles(dtype: torch.dtype, tol: float, bs: int,
+                                                   lens: list[int]) -> None:
+    # contexts across the kernel's 16-token score tiles; scaled keys make scores span far
+    # more than exp's range (weights of ~0 next to a dominant token)
+    g = torch.Generator().manual_seed(5)
+    h, hkv, d = 12, 3, 64
+    nblocks = sum(-(-n // bs) for n in lens) + 3
+    keys = (torch.randn(hkv, nblocks, bs, d, generator=g) * 4).to(dtype)
+    values = torch.randn(hkv, nblocks, bs, d, generator=g).to(dtype)
+    free = torch.randperm(nblocks, generator=g).tolist()
+    seqs = []
+    for i, n in enumerate(lens):
+        k = -(-n // bs)
+        blocks, free = free[:k], free[k:]
+        seqs.append(SeqSpec(f"r{i}", [1], n - 1, blocks))
+    group = build_batch(seqs, bs, torch.device("cpu")).decode
+    assert group is not None
+    q = (torch.randn(len(lens), h, d, generator=g) * 4).to(dtype)
+    want = attn.decode_sdpa(q, group, attn.gather(keys, group.blocks),
+                            attn.gather(values, group.blocks))
+    got = native.decode_attention(q, keys, values, group.blocks, group.lens)
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+
+
 def _layer(dtype: torch.dtype, dim: int, inter: int, qkv_out: int, o_in: int) -> LayerWeights:
     def lin(n: int, k: int, bias: bool = False) -> Linear:
         b = torch.randn(n).to(dtype) if bias else None
