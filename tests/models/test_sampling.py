@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from models.batch import SeqSpec
-from models.sampling import sample, sample_one
+from models.sampling import _candidates, _draw, sample, sample_one
 from models.sampling_params import SamplingParams
 
 
@@ -68,3 +68,37 @@ def test_extreme_temperatures_sample_a_valid_token(temperature: float, top_p: fl
                                           min_tokens=2, stop_token_ids=(5,)))
     token = sample_one(logits, seq)
     assert 0 <= token < 50 and token != 5
+
+
+def _nucleus_by_sort(logits: torch.Tensor, top_p: float) -> set[int]:
+    # the rule as a full descending sort states it
+    values, order = torch.sort(logits, descending=True)
+    probs = values.softmax(-1)
+    drop = probs.cumsum(-1) - probs >= top_p
+    drop[0] = False
+    return set(order[~drop].tolist())
+
+
+@pytest.mark.parametrize("scale", [0.01, 1.0, 30.0])  # a nucleus of thousands, tens, one
+@pytest.mark.parametrize("top_p", [1e-9, 0.3, 0.9, 0.999])
+def test_top_p_keeps_the_tokens_a_full_sort_keeps(scale: float, top_p: float) -> None:
+    logits = torch.randn(49152, generator=torch.Generator().manual_seed(7)) * scale
+    values, ids = _candidates(logits, SamplingParams(top_p=top_p))
+    assert set(ids.tolist()) == _nucleus_by_sort(logits, top_p)
+    assert torch.equal(values, logits[ids]) and bool((values[:-1] >= values[1:]).all())
+
+
+def test_top_k_then_top_p_keeps_the_nucleus_of_the_top_k() -> None:
+    logits = torch.randn(5000, generator=torch.Generator().manual_seed(8))
+    _, ids = _candidates(logits, SamplingParams(top_k=100, top_p=0.5))
+    top = torch.topk(logits, 100).indices
+    want = {int(top[i]) for i in _nucleus_by_sort(logits[top], 0.5)}
+    assert set(ids.tolist()) == want
+
+
+def test_draw_follows_the_probabilities_and_skips_zeros() -> None:
+    probs = torch.tensor([0.0, 0.5, 0.0, 0.3, 0.2, 0.0])
+    g = torch.Generator().manual_seed(9)
+    counts = torch.bincount(torch.tensor([_draw(probs, g) for _ in range(4000)]), minlength=6)
+    assert counts[[0, 2, 5]].sum() == 0
+    assert torch.allclose(counts.float() / 4000, probs, atol=0.03)
