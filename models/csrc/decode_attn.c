@@ -9,8 +9,9 @@
  *
  * NOTE: scores are taken 16 tokens at a time and their 16 dot products reduced
  * together (`sum16`), and the softmax's exp is a vector polynomial (`exp16`):
- * a horizontal sum and a scalar expf per score made this kernel compute-bound,
- * 2-3x above the time its KV reads need at 30 sequences of 400 tokens.
+ * a horizontal sum and a scalar expf per score made this kernel compute-bound.
+ * The rows of the next tile are prefetched: blocks lie anywhere in the cache.
+ * Together 1.6x faster at 32 sequences of 64-512 tokens (`models.probes`).
  */
 #include "common.h"
 
@@ -78,6 +79,11 @@ static float softmax_tiles(float *s, int64_t len, int64_t cap) {
     return 1.f / hsum(acc);
 }
 
+/* Ask for a token's K or V row ahead of its use (its blocks lie anywhere in the cache). */
+static inline void prefetch_row(const void *row, int64_t bytes) {
+    for (int64_t e = 0; e < bytes; e += 64) __builtin_prefetch((const char *)row + e);
+}
+
 /* Element offsets of a sequence's tokens in one head's [NB, bs, d] cache. */
 static void token_offsets(const int64_t *tab, int64_t len, int64_t bs, int64_t d,
                           int64_t *off) {
@@ -108,6 +114,8 @@ static void token_offsets(const int64_t *tab, int64_t len, int64_t bs, int64_t d
             for (int64_t c0 = 0; c0 < len; c0 += TILE) {                                     \
                 int64_t n = len - c0 < TILE ? len - c0 : TILE;                               \
                 f32x16 p[MAX_GROUP][TILE];                                                   \
+                for (int64_t t = c0 + TILE; t < c0 + 2 * TILE && t < len; t++)               \
+                    prefetch_row(kbase + off[t], d * (int64_t)sizeof(DT));                   \
                 for (int64_t t = 0; t < TILE; t++) {                                         \
                     f32x16 kv[MAX_DIM / 16];                                                 \
                     for (int64_t i = 0; i < nv; i++)                                         \
@@ -124,6 +132,8 @@ static void token_offsets(const int64_t *tab, int64_t len, int64_t bs, int64_t d
             for (int64_t j = 0; j < g; j++) inv[j] = softmax_tiles(sc + j * cap, len, tiles); \
             for (int64_t c = 0; c < len; c++) {                                              \
                 const DT *vr = vbase + off[c];                                               \
+                if (c + TILE < len)                                                          \
+                    prefetch_row(vbase + off[c + TILE], d * (int64_t)sizeof(DT));            \
                 for (int64_t i = 0; i < nv; i++) {                                           \
                     f32x16 vv = LOADV(vr + i * 16);                                          \
                     for (int64_t j = 0; j < g; j++) o[j][i] += sc[j * cap + c] * vv;         \
