@@ -19,6 +19,11 @@ def test_greedy_picks_argmax() -> None:
     assert sample(logits, [_seq(temperature=0), _seq(temperature=0)]) == [1, 0]
 
 
+def test_greedy_takes_the_first_of_tied_maxima() -> None:
+    logits = torch.tensor([[1.0, 3.0, 3.0], [2.0, 2.0, 0.0], [0.0, 0.0, 0.0]])
+    assert sample(logits, [_seq(temperature=0)] * 3) == [1, 0, 0]
+
+
 def test_top_k_one_is_greedy_even_when_hot() -> None:
     logits = torch.randn(1000)
     assert sample_one(logits, _seq(temperature=5.0, top_k=1)) == int(logits.argmax())
