@@ -90,14 +90,15 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
 
 
 @functools.cache
-def _load() -> tuple[ctypes.CDLL | None, str]:
+def _load() -> tuple[ctypes.CDLL | None, str, str]:
     cc = _compiler()
     if cc is None:
         why = "off: no C compiler (cc, gcc or $CC)"
         logger.warning("native CPU kernels are %s", why)
-        return None, why
+        return None, why, ""
     try:
-        path = cache_root() / "native" / f"kernels-{_digest(cc)}.so"
+        digest = _digest(cc)
+        path = cache_root() / "native" / f"kernels-{digest}.so"
         built = not path.is_file()
         if built:
             _build(cc, path)
@@ -105,8 +106,9 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     except (OSError, subprocess.SubprocessError, AttributeError) as e:
         detail = getattr(e, "stderr", "") or ""
         logger.warning("native CPU kernels are off: %s %s", e, detail[-2000:])
-        return None, f"off: {e}"[:300]
-    return lib, f"{'built' if built else 'cached'} with {cc} {' '.join(cflags())}: {path}"
+        return None, f"off: {e}"[:300], ""
+    note = f"{'built' if built else 'cached'} with {cc} {' '.join(cflags())}: {path}"
+    return lib, note, digest
 
 
 def library() -> ctypes.CDLL | None:
@@ -117,6 +119,12 @@ def library() -> ctypes.CDLL | None:
 def note() -> str:
     """Whether the native kernels are on here: how they were built, or why they are off."""
     return _load()[1]
+
+
+def build_id() -> str:
+    """Which build of the kernels runs here (a digest of their sources, compiler, flags and
+    CPU), or "" where they are off: timings taken with one build do not hold for another."""
+    return _load()[2]
 
 
 def supports(dtype: torch.dtype) -> bool:

@@ -90,7 +90,7 @@ def tuning_key(cfg: ModelConfig, dtype: torch.dtype, threads: int) -> dict[str, 
     shape = {k: getattr(cfg, k) for k in ("hidden_size", "intermediate_size", "num_layers",
                                           "num_heads", "num_kv_heads", "head_dim", "qkv_bias")}
     return {"cpu": asdict(cpu_caps()), "torch": torch.__version__, "dtype": str(dtype),
-            "threads": threads, "shape": shape, "native": native.library() is not None,
+            "threads": threads, "shape": shape, "native": native.build_id(),
             "onednn": onednn_available(dtype),  # NOTE: $ONEDNN_MAX_CPU_ISA can take it away
             "version": TUNING_VERSION}
 

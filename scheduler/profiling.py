@@ -31,6 +31,7 @@ import torch
 
 from executors.interference import Interference
 from executors.types import Device
+from models import native
 from models.batch import BatchShape
 from models.cpu import torch_threads
 from models.default_model import cache_root
@@ -175,11 +176,12 @@ def cache_key(model: Model, names: Sequence[str], kinds: dict[str, str], sweep: 
               threads: int) -> dict[str, object]:
     """What a cached fit depends on: the model, the device kinds, every (kind, kind) pair
     profiled and the device count (a one-device fit is never read back for two devices),
-    the kernels the CPU operators run (`models.tuning`), torch, the threads and the sweep."""
+    the kernels the CPU operators run (`models.tuning`) and the build of the native ones,
+    torch, the threads and the sweep."""
     pairs = sorted(list(p) for p in _pairs(names, kinds))
     return {"model": str(Path(model.path).resolve()), "dtype": str(model.dtype),
             "layers_per_group": model.template.layers_per_group,
-            "kernels": model.kernels.to_dict(),
+            "kernels": model.kernels.to_dict(), "native": native.build_id(),
             "kinds": sorted(set(kinds[n] for n in names)), "pairs": pairs,
             "num_devices": len(names), "torch": torch.__version__, "threads": threads,
             "sweep": asdict(sweep), "version": SWEEP_VERSION}

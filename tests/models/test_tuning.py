@@ -65,7 +65,8 @@ def test_choice_is_recorded_then_reused(tiny_model_dir: Path, cache: Path,
     assert record["timings_ms"]["gemm"]
     assert record["cpu"].startswith(record["key"]["cpu"]["model_name"])
     assert record["native"] == native.note()  # how the native kernels were built, or why not
-    assert record["key"]["native"] == (native.library() is not None)
+    assert record["key"]["native"] == native.build_id()  # another build measures again
+    assert bool(record["key"]["native"]) == (native.library() is not None)
     again = models.load(tiny_model_dir, dtype="bfloat16")
     assert len(calls) == 1 and again.kernels == first.kernels  # read back, not measured
     models.load(tiny_model_dir, dtype="bfloat16", retune=True)
