@@ -28,6 +28,7 @@ _OVERRIDES = {
     "dtype": "model.dtype", "max_model_len": "model.max_model_len",
     "generation_config": "model.generation_config",
     "devices": "scheduler.devices", "device_memory_gib": "scheduler.device_memory_gib",
+    "cpu_threads": "scheduler.cpu_threads",
     "policy": "scheduler.policy", "kv_cache_gib": "scheduler.kv_cache_gib",
     "swap_space_gib": "scheduler.swap_space_gib", "kv_admission": "scheduler.kv_admission",
     "prefix_cache": "scheduler.prefix_cache",
@@ -63,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--ray-address", metavar="ADDRESS|auto",
                    help="serve from the devices of a Ray cluster (needs pip install '.[ray]')")
     s.add_argument("--device-memory-gib", type=float, help="memory budget per device")
+    s.add_argument("--cpu-threads", type=int,
+                   help="intra-op threads of each CPU device (default: the cores split between "
+                        "the CPU devices; fewer leave cores to the server's own threads)")
     s.add_argument("--policy", choices=POLICIES)
     s.add_argument("--kv-cache-gib", type=float, help="KV cache per device (default: what the "
                                                       "memory budget leaves)")

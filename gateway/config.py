@@ -118,6 +118,8 @@ class SchedulerSettings:
 
     devices: tuple[str, ...] = field(default_factory=default_devices)
     device_memory_gib: float | None = None  # per-device budget; None = what the device has
+    # intra-op threads of each CPU device; None = the cores split between the CPU devices
+    cpu_threads: int | None = None
     policy: str = "slice"
     kv_cache_gib: float | None = None  # KV pool per device; None = what the budget leaves
     swap_space_gib: float = 4.0  # host memory for preempted requests' KV (0: recompute)
@@ -153,6 +155,10 @@ class SchedulerSettings:
         _require(_is_number(self.fault_rate) and 0 <= self.fault_rate <= 1,
                  "scheduler.fault_rate", "a number in [0, 1]")
         _require(self.policy in POLICIES, "scheduler.policy", f"one of {', '.join(POLICIES)}")
+        _require(self.cpu_threads is None or (isinstance(self.cpu_threads, int)
+                                              and not isinstance(self.cpu_threads, bool)
+                                              and self.cpu_threads >= 1),
+                 "scheduler.cpu_threads", "a positive integer")
         for key, zero_ok in (("device_memory_gib", False), ("kv_cache_gib", False),
                              ("swap_space_gib", True)):
             gib = getattr(self, key)

@@ -148,18 +148,19 @@ def build_engine(config: GatewayConfig) -> Engine:
         return engine_for_model(model, ray_scheduler(model, config, cfg,
                                                      device_memory_gib(config)), config)
     devices = parse_devices(list(config.scheduler.devices), device_memory_gib(config))
-    # NOTE: kernels are chosen for the intra-op threads the CPU executors will run on
-    threads = cpu_threads(sum(d.kind == "cpu" for d in devices))
+    # NOTE: kernels are chosen and operators profiled for the intra-op threads the CPU
+    # executors will run on
+    threads = config.scheduler.cpu_threads or cpu_threads(sum(d.kind == "cpu" for d in devices))
     model = load(config.model.spec, dtype=config.model.dtype, threads=threads)
     cfg = scheduler_config(config.scheduler, _max_len(model, config))
-    factory = None
+    factory = default_factory(threads)
     if config.scheduler.fault_rate > 0:
         logger.warning("TESTING: %.2f%% of operators will fail (--fault-rate)",
                        100 * config.scheduler.fault_rate)
-        factory = faulty(default_factory(threads), config.scheduler.fault_rate)
+        factory = faulty(factory, config.scheduler.fault_rate)
     if any(d.kind == "cpu" for d in devices):  # NOTE: before profiling, which it would slow
         firstrows.PROCESS.ran(warm_rows(model, threads))
-    sched = build_scheduler(model, devices, cfg, executor_factory=factory)
+    sched = build_scheduler(model, devices, cfg, executor_factory=factory, threads=threads)
     return engine_for_model(model, sched, config)
 
 

@@ -64,9 +64,11 @@ def profiled_as(devices: list[Device]) -> list[Device]:
 
 def build_scheduler(model: Model, devices: list[Device], cfg: SchedulerConfig,
                     estimators: Estimators | None = None,
-                    executor_factory: ExecutorFactory | None = None) -> Scheduler:
-    """Profile (or load cached) estimators, then make the scheduler; refits stay online."""
-    est = estimators or load_or_profile(model, profiled_as(devices))
+                    executor_factory: ExecutorFactory | None = None,
+                    threads: int = 1) -> Scheduler:
+    """Profile (or load cached) estimators on `threads` intra-op threads (the CPU executors'),
+    then make the scheduler; refits stay online."""
+    est = estimators or load_or_profile(model, profiled_as(devices), threads=threads)
     bandwidth = est.copy_bandwidth_bytes_s or FALLBACK_BANDWIDTH_BYTES_S
     est.fallback_op = fallback_coefficients(model.template, bandwidth / FALLBACK_MARGIN)
     sched = Scheduler(model, devices, cfg.policy, est.op_time, est.transfer_time, cfg,
@@ -76,6 +78,6 @@ def build_scheduler(model: Model, devices: list[Device], cfg: SchedulerConfig,
     gmg = sched.gmg
     gmg.interference = est.interference  # the simulator slows ops overlapping on a host
     sched.profiler = PairProfiler(model, est, devices=[d.name for d in devices if d.node is None],
-                                  idle=lambda: not gmg.scheduled)
+                                  idle=lambda: not gmg.scheduled, threads=threads)
     est.on_drift = sched.profiler.request_kind
     return sched

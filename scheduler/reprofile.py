@@ -26,6 +26,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
+from models.cpu import torch_threads
 from models.loader import Model
 from scheduler.estimators import Estimators
 from scheduler.profiling import Sweep, fit_kind, profile_pair
@@ -44,8 +45,10 @@ class PairProfiler:
     on a supervised background task (see the module docstring)."""
 
     def __init__(self, model: Model, est: Estimators, sweep: Sweep | None = None,
-                 devices: Sequence[str] = (), idle: Callable[[], bool] | None = None) -> None:
+                 devices: Sequence[str] = (), idle: Callable[[], bool] | None = None,
+                 threads: int = 1) -> None:
         self.model, self.est, self.sweep = model, est, sweep or Sweep()
+        self.threads = threads  # intra-op threads of a kind's sweep (the executors')
         self.devices = list(devices)  # where a kind's sweep may run
         self.is_idle = idle or (lambda: True)  # no op in flight (read from the worker thread)
         self._todo: deque[tuple[str, str] | str] = deque()  # pairs, or device kinds
@@ -97,12 +100,16 @@ class PairProfiler:
             return
         fresh = Estimators({device: kind})
         t0 = time.perf_counter()
-        await asyncio.to_thread(fit_kind, fresh, self.model, kind, device, self.sweep,
-                                time.perf_counter, self._wait_idle)
+        await asyncio.to_thread(self._fit_kind, fresh, kind, device)
         self.est.rebase_kind(kind, fresh)
         self.kinds_done.append(kind)
         logger.info("re-profiled the ops of %s on %s in the background in %.1f s", kind,
                     device, time.perf_counter() - t0)
+
+    def _fit_kind(self, fresh: Estimators, kind: str, device: str) -> None:
+        with torch_threads(self.threads):  # NOTE: a worker thread starts at torch's default
+            fit_kind(fresh, self.model, kind, device, self.sweep, time.perf_counter,
+                     self._wait_idle)
 
     def _wait_idle(self) -> None:
         """Before each case of a kind's sweep (worker thread): wait for no op in flight."""

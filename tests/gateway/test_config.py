@@ -109,6 +109,12 @@ async def test_ray_address_defaults_to_every_device_of_the_cluster() -> None:
     assert s.devices == ("10.0.0.2/cpu:0", "10.0.0.3/cuda:1") and s.ray_address == "10.0.0.2:6379"
 
 
+async def test_cpu_threads_flag() -> None:
+    args = build_parser().parse_args(["serve", "--devices", "cpu:0", "--cpu-threads", "1"])
+    assert config_from_args(args).scheduler.cpu_threads == 1
+    assert GatewayConfig().scheduler.cpu_threads is None  # the cores split between devices
+
+
 async def test_provisioning_flags_reach_the_scheduler() -> None:
     args = build_parser().parse_args(["serve", "--provisioning", "opscale",
                                       "--provision-interval-s", "0.5"])
