@@ -217,8 +217,9 @@ def _probe_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--requests", type=int, default=20, help="per case, mode and round")
     p.add_argument("--rounds", type=int, default=2, help="direct and server rounds, interleaved")
     p.add_argument("--threads", type=int, default=None,
-                   help="intra-op threads of the direct runs (default: as the server's CPU "
-                        "executors, the cores split between the CPU devices)")
+                   help="intra-op threads of the server's CPU devices (its --cpu-threads) and "
+                        "of the direct runs (default: the server's, the cores split between "
+                        "its CPU devices)")
     p.add_argument("--serve-cmd", default=None,
                    help="command that starts slicegate (default: PYTHON -m gateway serve)")
     p.add_argument("--out", type=Path, default=None,

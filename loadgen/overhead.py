@@ -61,7 +61,9 @@ class ProbeConfig:
     serve_cmd: tuple[str, ...] = field(default_factory=default_serve_cmd)
     ready_timeout_s: float = 600.0
     python: str = sys.executable
-    threads: int | None = None  # `direct`'s intra-op threads; None: as the server's executors
+    # intra-op threads of the server's CPU devices (`--cpu-threads`) and of `direct`; None:
+    # the server's default (the cores split between its CPU devices)
+    threads: int | None = None
 
     def cases(self) -> list[tuple[int, int]]:
         return [(n, k) for n in self.prompt_tokens for k in self.max_tokens]
@@ -117,7 +119,8 @@ def server_command(config: ProbeConfig, port: int) -> tuple[str, ...]:
             "--devices", config.devices, "--tenants", str(_tenants(config.out / "tenants.yaml")),
             "--host", "127.0.0.1", "--port", str(port),
             # NOTE: `direct` recomputes every prompt; so must the server (no prefix cache)
-            "--no-prefix-cache")
+            "--no-prefix-cache",
+            *(() if config.threads is None else ("--cpu-threads", str(config.threads))))
 
 
 def _server(config: ProbeConfig) -> RunningServer:
