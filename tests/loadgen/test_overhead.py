@@ -69,10 +69,10 @@ def test_direct_runs_on_the_threads_of_the_servers_executors(monkeypatch: pytest
     assert ProbeConfig(out=Path("x"), devices="cpu:0", threads=1).direct_threads() == 1
 
 
-def test_threads_are_the_servers_and_directs() -> None:
-    one = server_command(ProbeConfig(out=Path("x"), threads=1), 8000)
+def test_threads_are_the_servers_and_directs(tmp_path: Path) -> None:
+    one = server_command(ProbeConfig(out=tmp_path, threads=1), 8000)
     assert one[one.index("--cpu-threads") + 1] == "1"
-    assert "--cpu-threads" not in server_command(ProbeConfig(out=Path("x")), 8000)
+    assert "--cpu-threads" not in server_command(ProbeConfig(out=tmp_path), 8000)
 
 
 def test_probe_needs_to_be_told_what_to_probe(capsys: pytest.CaptureFixture[str]) -> None:
