@@ -69,6 +69,11 @@ class _StatsCollector:
                                         "Run-to-run noise (coefficient of variation) of the "
                                         "profiling sweep an estimator was fitted on.",
                                         labels=["estimator"]), s.estimator_cov.items())
+        yield _by_key(GaugeMetricFamily("slicegate_first_token_factor",
+                                        "Measured over predicted wait for the first token of "
+                                        "recent plans of a placement kind (scales the "
+                                        "policy's predictions).",
+                                        labels=["placement"]), s.first_token_factor.items())
         yield _by_key(GaugeMetricFamily("slicegate_estimator_level",
                                         "Measured over profiled time of an estimator's recent "
                                         "ops (median); 1 while the machine runs as profiled.",

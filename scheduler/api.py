@@ -51,6 +51,8 @@ class SchedulerStats:
     reprofiles: dict[str, int] = field(default_factory=dict)  # kind or pair -> cumulative
     slowdown: dict[tuple[str, str], float] = field(default_factory=dict)  # (op class, class
     # running beside it on another device of the host) -> co-location slowdown
+    first_token_factor: dict[str, float] = field(default_factory=dict)  # placement kind ->
+    # measured / predicted first-token wait of its recent plans (scheduler/calibration.py)
     fairness_jain: dict[str, float] = field(default_factory=dict)  # class -> Jain's index of
     # the tokens each of its tenants was served (scheduler/fairness.py)
     queued_tokens: dict[str, int] = field(default_factory=dict)  # class -> prompt tokens waiting

@@ -30,6 +30,7 @@ from scheduler.actuation import Actuation, Demand
 from scheduler.admission import EVICTED, DrainRate
 from scheduler.api import NO_DEVICE, SchedulerStats
 from scheduler.bookkeeping import Bookkeeping
+from scheduler.calibration import FirstTokenCalibration
 from scheduler.config import SchedulerConfig
 from scheduler.decision import Preemption, RoundDecision
 from scheduler.execution import Execution, ExecutorFactory, activation_reserve, kv_pools
@@ -82,6 +83,7 @@ class Scheduler:
         self.inflight = InFlight()
         self.first_rows = firstrows.PROCESS  # oneDNN's primitive cache is process-wide
         self.first_rows.configure(model.kernels)
+        self.calibration = FirstTokenCalibration()  # measured / predicted first tokens
         self.builder = Builder(model.template, self.cfg.block_size, op_time, xfer_time,
                                self.first_rows)
         self.exec = Execution(model, self.devices, self.kv, self.ledgers,
@@ -238,6 +240,7 @@ class Scheduler:
 
     def _end_early(self, state: RequestState, reason: FinishReason,
                    error: str | None = None) -> None:
+        self.calibration.forget(state.rid)
         if state.in_flight:
             state.ending, state.error = reason, error
             self._withdraw(state)
@@ -316,7 +319,8 @@ class Scheduler:
             self.gmg.loads(), self.builder, dict(self.inflight.prefills),
             frozenset(self.inflight.decodes),
             self.tightest_slo_s or self.cfg.default_ttft_slo_s, self.fair.view(),
-            None if self.provisioner is None else self.replicas.holders())
+            None if self.provisioner is None else self.replicas.holders(),
+            self.calibration.factors())
 
     def _apply(self, d: RoundDecision, now: float) -> None:
         """Commit a decision: first what frees KV, then what takes it, then the plans.
@@ -362,6 +366,7 @@ class Scheduler:
         self._attach_batches(plan)
         self.gmg.add(plan.ops, plan.first_tokens)
         self.inflight.add(plan)
+        self.calibration.issued(plan, now)
         self.first_rows.issued(plan.ops, self.model.template, self.builder.op_time)
         if self.provisioner is not None:
             self.demand.record(plan.ops, now)
@@ -527,6 +532,7 @@ class Scheduler:
         self.fair.charge(s.priority, s.tenant, 1)  # NOTE: VTC: an output token costs 2 inputs
         if len(s.output_ids) == 1:
             s.first_token_time = now
+            self.calibration.first_token(s.rid, now)
             self.gmg.deadlines.pop(s.rid, None)
             self.books.record_ttft(s.priority, now - s.req.arrival_time, s.req.ttft_slo_s)
         s.last_token_time = now

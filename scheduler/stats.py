@@ -39,6 +39,7 @@ def collect(s: Scheduler) -> SchedulerStats:
         estimator_level=est.levels() if est is not None else {},
         reprofiles=_reprofiles(s),
         slowdown=dict(est.interference.slowdown) if est is not None and est.interference else {},
+        first_token_factor=dict(s.calibration.factors()),
         fairness_jain=s.fair.jain(),
         queued_tokens={p.label: s.requests.waiting.tokens(p) for p in Priority},
         errors_total=s.health.errors_total, healthy=problem is None, health_detail=problem,

@@ -47,6 +47,9 @@ class RoundView:
     service: Mapping[Priority, Mapping[str, float]] = field(default_factory=dict)
     # op index -> devices holding a replica that takes new work; None: every device holds all
     holders: Holders | None = None
+    # placement kind -> measured / predicted first-token wait (scheduler/calibration.py);
+    # a kind not in it has too few plans scored and counts as 1.0
+    first_token_factors: Mapping[str, float] = field(default_factory=dict)
 
     def allows(self, placement: Placement) -> bool:
         """Whether every operator of `placement` runs on a device holding its replica."""

@@ -6,7 +6,9 @@ or a chunked pipeline over that split) with the earliest predicted first
 token that keeps its deadline (while every device runs a prefill of their
 class they wait, and the next plan on one device packs the whole prompts of
 those waiting, and the next decode step of requests of that class decoding
-there, into its batch where that keeps the deadlines); then decode steps,
+there, into its batch where that keeps the deadlines; a plan for one device
+where a decode step of its class is in flight waits for that step to end, so
+that its requests ride along); then decode steps,
 one per class; then low-priority prefills, packed into one plan per device
 of at most as many tokens as keep one layer group well inside the tightest
 SLO, each issued only if the simulation predicts that no request with a TTFT
@@ -17,11 +19,13 @@ never tried.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import partial
 
 from executors.types import Priority
 from models.batch import BatchShape
+from scheduler.calibration import kind_of
 from scheduler.decision import RoundDecision
 from scheduler.draft import Draft
 from scheduler.gmg import Snapshot
@@ -108,7 +112,9 @@ class SlicePolicy:
             placed = draft.attempt([r.rid], partial(self._place, draft, r, waiting[i + 1:]))
             if placed is False:
                 draft.hold_back()
-                break  # NOTE: nothing fits now; later arrivals of this class wait behind it
+                # NOTE: nothing fits now, or its device ends a decode step of its class first
+                # (`_step_first`); later arrivals of this class wait behind it
+                break
 
     def _place(self, draft: Draft, r: RequestView, later: list[RequestView]) -> bool:
         """Admit `r` and issue its best candidate, with `later` waiting requests of its class
@@ -117,7 +123,7 @@ class SlicePolicy:
         best = self._best(draft, r)
         if best is None and any(preempt_for(draft, d, r) for d in draft.view.devices):
             best = self._best(draft, r)
-        if best is None:
+        if best is None or _step_first(draft, r, best.plan):
             return False
         plan, mates = self._pack(draft, r, best, later)
         for q in (r, *mates):
@@ -181,13 +187,16 @@ class SlicePolicy:
         return _trial(draft, Plan(plan.priority, placement, [feeds]), best, members) or plan
 
     def _best(self, draft: Draft, r: RequestView) -> Scored | None:
-        """The feasible candidate with the best (deadlines missed, first token) score: its
-        own deadline, and those of requests placed before it that it alone would make miss
-        (ops overlapping on devices that share a host slow each other down).
+        """The feasible candidate with the best (deadlines missed, cost) score: its own
+        deadline, and those of requests placed before it that it alone would make miss
+        (ops overlapping on devices that share a host slow each other down); the cost is
+        its first token plus the delay it adds to the next tokens of requests decoding on
+        its devices (`_decode_delay`).
 
-        NOTE: whichever placement the simulation predicts first wins, split or not: a split
-        pins the request's KV (and so its decode steps) to both devices, but an interactive
-        request's first token is what its tenant waits for.
+        NOTE: whichever placement is expected first wins, split or not: a split pins the
+        request's KV (and so its decode steps) to both devices, but an interactive request's
+        first token is what its tenant waits for. Expected: the simulation's prediction
+        scaled by how far plans of its kind missed theirs lately (`_expected`).
         """
         deadline = r.ttft_deadline
         best: Scored | None = None
@@ -198,10 +207,12 @@ class SlicePolicy:
             pred = draft.simulate(plan)
             if pred.oom:
                 continue
-            first = pred.first_token.get(r.rid, pred.end)
-            score = ((deadline is not None and first > deadline) + _harmed(draft, pred), first)
+            raw = pred.first_token.get(r.rid, pred.end)
+            first = _expected(draft, plan, raw)
+            missed = (deadline is not None and first > deadline) + _harmed(draft, pred)
+            score = (missed, first + _decode_delay(draft, plan, pred))
             if best is None or score < best.score:
-                plan.predicted_first_token_s = first
+                plan.predicted_first_token_s = raw
                 best = Scored(plan, score)
         return best
 
@@ -378,6 +389,44 @@ def _prefilling(draft: Draft, device: str, prio: Priority) -> bool:
     return any(draft.prefills(device, p) for p in Priority if p <= prio)
 
 
+def _step_first(draft: Draft, r: RequestView, plan: Plan) -> bool:
+    """Whether `plan` (prompts on one device) should wait for a decode step of `r`'s class
+    in flight on its placement: its ops would run only after that step's anyway (a batch
+    issued earlier goes first), and once the step ends its requests ride along in the
+    prefill (`_ride`) instead of waiting for the whole prefill before their next step."""
+    placement = plan.placement
+    if len(set(placement)) != 1 or len(plan.chunks) != 1:
+        return False
+    return any(q.placement == placement and q.priority == r.priority and not q.is_prefilling
+               for q in draft.view.running)
+
+
+def _decode_delay(draft: Draft, plan: Plan, pred: Prediction) -> float:
+    """Seconds `plan` delays the next tokens of requests decoding on its devices (in a step
+    or between steps) at its class or a higher one: on each device, until its last op there
+    ends (expected, as `_expected`), times the requests decoding there. Those on a
+    one-device plan's device ride along and get their token at its end; a split holds up
+    the requests decoding on every device it uses."""
+    now = draft.view.now
+    last: dict[str, float] = {}
+    for op in plan.ops:
+        t = pred.finish.get(op.op_id)
+        if t is not None and t > last.get(op.device, now):
+            last[op.device] = t
+    decoding = Counter(d for q in (*draft.runnable(), *draft.view.running)
+                       if q.placement and not q.is_prefilling and q.priority <= plan.priority
+                       for d in set(q.placement))
+    return sum((_expected(draft, plan, t) - now) * decoding[d] for d, t in last.items())
+
+
+def _expected(draft: Draft, plan: Plan, first: float) -> float:
+    """A predicted first token `first` of `plan`, its wait scaled by the measured / predicted
+    ratio of plans of its placement kind (scheduler/calibration.py)."""
+    kind = kind_of(plan.placement, len(plan.chunks))
+    now = draft.view.now
+    return now + (first - now) * draft.view.first_token_factors.get(kind, 1.0)
+
+
 def _trial(draft: Draft, plan: Plan, best: Scored, members: list[RequestView]) -> Plan | None:
     """`plan` (a batch grown from `best`'s, `members` first) built and stamped with its first
     token, if its simulation is not OOM and `_keeps` the deadlines; else None."""
@@ -393,7 +442,7 @@ def _keeps(draft: Draft, pred: Prediction, best: Scored, members: list[RequestVi
     """Whether a packed batch's prediction misses no more deadlines than its first request's
     best plan alone, and keeps every packed request's own deadline."""
     r = members[0]
-    first = pred.first_token.get(r.rid, pred.end)
+    first = _expected(draft, best.plan, pred.first_token.get(r.rid, pred.end))
     missed = (r.ttft_deadline is not None and first > r.ttft_deadline) + _harmed(draft, pred)
     if missed > best.score[0]:
         return False

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from executors.fake import FakeExecutor, VirtualCluster
+from executors.interference import Interference
 from executors.types import Device, OpInstance, OpRole, Priority
 from models.config import ModelConfig
 from models.loader import Model
@@ -54,8 +55,9 @@ class ClusterRun:
     def __init__(self, policy: str, devices: int = 2, mem: int = 64 << 20,
                  model: Model | None = None, cfg: SchedulerConfig | None = None,
                  fault: Callable[[OpInstance], Exception | None] | None = None,
-                 kv_check: bool = False, settle_turns: int = 50) -> None:
-        self.cluster = VirtualCluster()
+                 kv_check: bool = False, settle_turns: int = 50,
+                 interference: Interference | None = None) -> None:
+        self.cluster = VirtualCluster(interference=interference)
         self.ops: list[OpInstance] = []
         self.fault = fault
         self.settle_turns = settle_turns

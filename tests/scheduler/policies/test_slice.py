@@ -6,6 +6,7 @@ import dataclasses
 
 from executors.interference import OP_CLASSES, Interference
 from executors.types import Priority
+from scheduler.calibration import ONE_DEVICE, PIPELINE, SPLIT
 from scheduler.gmg import DeviceView, SimOp
 from scheduler.policies import make_policy
 from scheduler.policies.slice import Recorder, SlicePolicy
@@ -147,6 +148,7 @@ def test_requests_decoding_on_the_device_ride_along_in_a_prefill_of_their_class(
     dec = req("dec", Priority.HIGH, prompt=20, computed=20, output=1, placement=on0, blocks=2)
     low = req("low", Priority.LOW, prompt=20, computed=20, output=1, placement=on0, blocks=2)
     d = make_policy("slice").schedule(make_view(waiting=[hp], runnable=[dec, low],
+                                                ops=(_busy("cpu:1", 0.5, Priority.HIGH),),
                                                 prefills=_prefilling("cpu:1")))
     prefill = next(p for p in d.plans if p.is_prefill)
     assert prefill.placement == on0 and prefill.priority == Priority.HIGH
@@ -156,17 +158,70 @@ def test_requests_decoding_on_the_device_ride_along_in_a_prefill_of_their_class(
                                                                             ("low",))]
 
 
+def test_a_prefill_weighs_the_delay_it_adds_to_requests_decoding_where_it_runs() -> None:
+    hp = req("hp", Priority.HIGH, prompt=40, slo=1.0)  # 30 ms on one device
+    decs = [req(f"d{i}", Priority.HIGH, prompt=20, computed=20, output=1,
+                placement=single("cpu:0"), blocks=2) for i in range(3)]
+    short1 = (_busy("cpu:1", 0.01, Priority.HIGH),)
+
+    def device(runnable: list) -> str:
+        d = make_policy("slice").schedule(make_view(waiting=[hp], runnable=runnable, ops=short1))
+        return next(p for p in d.plans if "hp" in p.rids).placement[0]
+
+    assert device([]) == "cpu:0"  # first token 10 ms earlier
+    assert device(decs) == "cpu:1"  # 10 ms later, sparing three requests 30 ms each
+    low = [dataclasses.replace(q, priority=Priority.LOW) for q in decs]
+    assert device(low) == "cpu:0"  # a lower class's steps wait anyway
+
+
+def test_a_long_prompt_is_split_only_while_splits_run_as_fast_as_predicted() -> None:
+    hp = req("hp", Priority.HIGH, prompt=480, slo=10.0)
+    decs = [req(f"d{i}", Priority.HIGH, prompt=20, computed=20, output=1,
+                placement=single(dev), blocks=2) for i, dev in enumerate(("cpu:0", "cpu:1"))]
+    view = make_view(waiting=[hp], runnable=decs)
+
+    def devices(factors: dict[str, float]) -> int:
+        d = make_policy("slice").schedule(dataclasses.replace(view, first_token_factors=factors))
+        return len(set(next(p for p in d.plans if "hp" in p.rids).placement))
+
+    assert devices({}) == 2
+    assert devices({ONE_DEVICE: 1.0, SPLIT: 1.6, PIPELINE: 1.6}) == 1  # as measured (README)
+
+
+def test_a_prefill_waits_for_a_decode_step_of_its_class_on_its_device_to_carry_it() -> None:
+    hp = req("hp", Priority.HIGH, prompt=40, slo=1.0)
+    on0 = single("cpu:0")
+    dec = req("dec", Priority.HIGH, prompt=20, computed=20, output=1, placement=on0, blocks=2)
+    long1 = (_busy("cpu:1", 0.5, Priority.HIGH),)  # cpu:1 runs a long prefill of the class
+    step0 = (_busy("cpu:0", 0.005, Priority.HIGH),)  # dec's decode step, in flight on cpu:0
+    view = make_view(waiting=[hp], running=[dec], ops=long1 + step0,
+                     prefills=_prefilling("cpu:1"))
+    d = make_policy("slice").schedule(view)
+    assert not d.plans and not d.admissions and d.retry_on_progress
+    # the step ended (a round follows): its request rides along in the prompt's batch
+    d = make_policy("slice").schedule(make_view(waiting=[hp], runnable=[dec], ops=long1,
+                                                prefills=_prefilling("cpu:1")))
+    (prefill,) = d.plans
+    assert prefill.placement == on0
+    assert [(f.rid, f.num_tokens) for f in prefill.chunks[0]] == [("hp", 40), ("dec", 1)]
+    # a step of a lower class holds nothing back (a high op waits for one of its ops at most)
+    low = dataclasses.replace(dec, priority=Priority.LOW)
+    d = make_policy("slice").schedule(dataclasses.replace(view, running=(low,)))
+    assert [p.placement for p in d.plans] == [on0] and [a.rid for a in d.admissions] == ["hp"]
+
+
 def test_no_request_rides_along_where_it_would_break_the_deadline() -> None:
     on0 = single("cpu:0")
     hp = req("hp", Priority.HIGH, prompt=40, slo=0.0305)  # alone: 30 ms; with riders: later
+    long1 = (_busy("cpu:1", 0.5, Priority.HIGH),)  # cpu:1 runs a long prefill of the class
     decs = [req(f"d{i}", Priority.HIGH, prompt=20, computed=20, output=1, placement=on0,
                 blocks=2) for i in range(8)]
-    d = make_policy("slice").schedule(make_view(waiting=[hp], runnable=decs,
+    d = make_policy("slice").schedule(make_view(waiting=[hp], runnable=decs, ops=long1,
                                                 prefills=_prefilling("cpu:1")))
     prefill = next(p for p in d.plans if p.is_prefill)
     assert prefill.placement == on0 and [f.rid for f in prefill.chunks[0]] == ["hp"]
     relaxed = dataclasses.replace(hp, ttft_slo_s=1.0)
-    d = make_policy("slice").schedule(make_view(waiting=[relaxed], runnable=decs,
+    d = make_policy("slice").schedule(make_view(waiting=[relaxed], runnable=decs, ops=long1,
                                                 prefills=_prefilling("cpu:1")))
     prefill = next(p for p in d.plans if p.is_prefill)
     assert len(prefill.chunks[0]) == 9  # the same riders, where the deadline allows them
