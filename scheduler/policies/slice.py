@@ -8,7 +8,8 @@ class they wait, and the next plan on one device packs the whole prompts of
 those waiting, and the next decode step of requests of that class decoding
 there, into its batch where that keeps the deadlines; a plan for one device
 where a decode step of its class is in flight waits for that step to end, so
-that its requests ride along); then decode steps,
+that its requests ride along, and so do later requests whose best plan would use
+that device); then decode steps,
 one per class; then low-priority prefills, packed into one plan per device
 of at most as many tokens as keep one layer group well inside the tightest
 SLO, each issued only if the simulation predicts that no request with a TTFT
@@ -101,30 +102,42 @@ class SlicePolicy:
             issue_plan(draft, Plan(prio, r.placement, [[prefill_feed(r, budget)]]))
         waiting = sorted(draft.waiting(prio),
                          key=lambda r: (r.ttft_deadline or float("inf"), r.arrival_s))
+        held: set[str] = set()  # devices a request waits for (`_step_first`)
         for i, r in enumerate(waiting):
             if not draft.is_waiting(r):
                 continue  # packed into an earlier request's plan
-            if all(_prefilling(draft, d, prio) for d in draft.view.devices):
-                # NOTE: every device has a prefill of this class (or a higher one) in flight:
-                # a plan issued now would only queue behind it, so the requests wait and
-                # are packed into one batch when a plan ends (a round follows each end)
+            if all(d in held or _prefilling(draft, d, prio) for d in draft.view.devices):
+                # NOTE: every device has a prefill of this class (or a higher one) in flight,
+                # or waits for a decode step to carry one: a plan issued now would only queue
+                # behind it, so the requests wait and are packed into one batch when a plan
+                # ends (a round follows each end)
                 break
-            placed = draft.attempt([r.rid], partial(self._place, draft, r, waiting[i + 1:]))
-            if placed is False:
+            placed = draft.attempt([r.rid], partial(self._place, draft, r, waiting[i + 1:],
+                                                    held))
+            if isinstance(placed, str):
+                held.add(placed)  # NOTE: later requests whose best is elsewhere go on
                 draft.hold_back()
-                # NOTE: nothing fits now, or its device ends a decode step of its class first
-                # (`_step_first`); later arrivals of this class wait behind it
-                break
+            elif placed is False:
+                draft.hold_back()
+                break  # NOTE: nothing fits now; later arrivals of this class wait behind it
 
-    def _place(self, draft: Draft, r: RequestView, later: list[RequestView]) -> bool:
+    def _place(self, draft: Draft, r: RequestView, later: list[RequestView],
+               held: set[str]) -> bool | str:
         """Admit `r` and issue its best candidate, with `later` waiting requests of its class
         packed into its batch where that keeps deadlines (`_pack`); preempt lower classes for
-        KV if needed."""
+        KV if needed. False when nothing fits; a device, when the best candidate waits for a
+        decode step there (`_step_first`) or uses a device in `held` (which one waits for:
+        `r` may join that plan next round)."""
         best = self._best(draft, r)
         if best is None and any(preempt_for(draft, d, r) for d in draft.view.devices):
             best = self._best(draft, r)
-        if best is None or _step_first(draft, r, best.plan):
+        if best is None:
             return False
+        placement = best.plan.placement
+        if waits := held.intersection(placement):
+            return min(waits)
+        if _step_first(draft, r, best.plan):
+            return placement[0]
         plan, mates = self._pack(draft, r, best, later)
         for q in (r, *mates):
             draft.admit(q, plan.placement)
@@ -440,14 +453,15 @@ def _trial(draft: Draft, plan: Plan, best: Scored, members: list[RequestView]) -
 
 def _keeps(draft: Draft, pred: Prediction, best: Scored, members: list[RequestView]) -> bool:
     """Whether a packed batch's prediction misses no more deadlines than its first request's
-    best plan alone, and keeps every packed request's own deadline."""
+    best plan alone, and keeps every packed request's own deadline (as expected)."""
     r = members[0]
     first = _expected(draft, best.plan, pred.first_token.get(r.rid, pred.end))
     missed = (r.ttft_deadline is not None and first > r.ttft_deadline) + _harmed(draft, pred)
     if missed > best.score[0]:
         return False
-    return all(q.ttft_deadline is None or pred.first_token.get(q.rid, pred.end) <= q.ttft_deadline
-               for q in members[1:])
+    return all(q.ttft_deadline is None
+               or _expected(draft, best.plan, pred.first_token.get(q.rid, pred.end))
+               <= q.ttft_deadline for q in members[1:])
 
 
 def _harmed(draft: Draft, pred: Prediction) -> int:

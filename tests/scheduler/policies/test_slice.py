@@ -85,6 +85,9 @@ def test_when_every_candidate_is_oom_the_request_waits_without_error() -> None:
     assert d.plans == [] and d.admissions == [] and d.failures == [] and d.retry_on_progress
 
 
+_LONG1 = (_busy("cpu:1", 0.5, Priority.HIGH),)  # cpu:1 runs a long prefill of the class
+
+
 def _prefilling(*devices: str, priority: Priority = Priority.HIGH) -> dict:
     """Prefill plans in flight: one of `priority` whose first op runs on each device."""
     return {(d, priority): 1 for d in devices}
@@ -103,7 +106,8 @@ def test_urgent_requests_wait_while_every_device_runs_a_prefill_of_their_class()
 
 def test_waiting_urgent_requests_are_packed_into_one_batch_on_the_free_device() -> None:
     hps = [req(f"hp{i}", Priority.HIGH, prompt=40, arrival=0.01 * i, slo=1.0) for i in range(3)]
-    d = make_policy("slice").schedule(make_view(waiting=hps, prefills=_prefilling("cpu:1")))
+    d = make_policy("slice").schedule(make_view(waiting=hps, ops=_LONG1,
+                                                prefills=_prefilling("cpu:1")))
     (plan,) = d.plans
     assert plan.placement == single("cpu:0")
     assert [f.rid for f in plan.chunks[0]] == ["hp0", "hp1", "hp2"]
@@ -124,7 +128,7 @@ def test_a_pack_shrinks_until_the_first_request_keeps_its_deadline() -> None:
     a = req("a", Priority.HIGH, prompt=40, slo=0.06)
     b = req("b", Priority.HIGH, prompt=40, slo=0.07)
     c = req("c", Priority.HIGH, prompt=40, slo=0.07, arrival=0.001)
-    d = make_policy("slice").schedule(make_view(waiting=[c, b, a],
+    d = make_policy("slice").schedule(make_view(waiting=[c, b, a], ops=_LONG1,
                                                 prefills=_prefilling("cpu:1")))
     (plan,) = d.plans
     assert [f.rid for f in plan.chunks[0]] == ["a", "b"]
@@ -208,6 +212,24 @@ def test_a_prefill_waits_for_a_decode_step_of_its_class_on_its_device_to_carry_i
     low = dataclasses.replace(dec, priority=Priority.LOW)
     d = make_policy("slice").schedule(dataclasses.replace(view, running=(low,)))
     assert [p.placement for p in d.plans] == [on0] and [a.rid for a in d.admissions] == ["hp"]
+
+
+def test_while_one_request_waits_for_a_decode_step_the_next_may_take_another_device() -> None:
+    on0 = single("cpu:0")
+    dec = req("dec", Priority.HIGH, prompt=20, computed=20, output=1, placement=on0, blocks=2)
+    step0 = (_busy("cpu:0", 0.005, Priority.HIGH),)
+    low1 = (_busy("cpu:1", 0.05, Priority.LOW),)  # one low op ahead of anything on cpu:1
+    short = req("short", Priority.HIGH, prompt=40, slo=1.0)  # best on cpu:0, after the step
+    long = req("long", Priority.HIGH, prompt=400, arrival=0.001, slo=1.0)  # best on cpu:1
+    d = make_policy("slice").schedule(make_view(waiting=[short, long], running=[dec],
+                                                ops=step0 + low1))
+    assert [a.rid for a in d.admissions] == ["long"] and d.retry_on_progress
+    assert [p.placement for p in d.plans] == [single("cpu:1")]
+    # a later request whose best plan is on the device waited for waits too
+    short2 = dataclasses.replace(short, rid="short2", arrival_s=0.001)
+    d = make_policy("slice").schedule(make_view(waiting=[short, short2], running=[dec],
+                                                ops=step0 + low1))
+    assert not d.plans and not d.admissions and d.retry_on_progress
 
 
 def test_no_request_rides_along_where_it_would_break_the_deadline() -> None:
