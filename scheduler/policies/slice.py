@@ -20,13 +20,11 @@ never tried.
 from __future__ import annotations
 
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from functools import partial
 
 from executors.types import Priority
 from models.batch import BatchShape
-from scheduler.calibration import kind_of
 from scheduler.decision import RoundDecision
 from scheduler.draft import Draft
 from scheduler.gmg import Snapshot
@@ -43,6 +41,15 @@ from scheduler.policies.common import (
     single,
     split,
 )
+from scheduler.policies.scoring import (
+    Scored,
+    decode_delay,
+    expected,
+    grown_plan,
+    harmed,
+    prefilling,
+    step_first,
+)
 from scheduler.requestview import Placement, RequestView
 from scheduler.simulator import Candidate, Prediction, simulate
 from scheduler.view import RoundView
@@ -58,12 +65,6 @@ class Recorder:
     calls: list[tuple[int, Snapshot, Candidate | None]] = field(default_factory=list)
     round_s: list[float] = field(default_factory=list)
     round: int = 0
-
-
-@dataclass(slots=True)
-class Scored:
-    plan: Plan
-    score: tuple[int, float]  # (deadlines missed, predicted first token time)
 
 
 class SlicePolicy:
@@ -102,11 +103,11 @@ class SlicePolicy:
             issue_plan(draft, Plan(prio, r.placement, [[prefill_feed(r, budget)]]))
         waiting = sorted(draft.waiting(prio),
                          key=lambda r: (r.ttft_deadline or float("inf"), r.arrival_s))
-        held: set[str] = set()  # devices a request waits for (`_step_first`)
+        held: set[str] = set()  # devices a request waits for (`step_first`)
         for i, r in enumerate(waiting):
             if not draft.is_waiting(r):
                 continue  # packed into an earlier request's plan
-            if all(d in held or _prefilling(draft, d, prio) for d in draft.view.devices):
+            if all(d in held or prefilling(draft, d, prio) for d in draft.view.devices):
                 # NOTE: every device has a prefill of this class (or a higher one) in flight,
                 # or waits for a decode step to carry one: a plan issued now would only queue
                 # behind it, so the requests wait and are packed into one batch when a plan
@@ -126,7 +127,7 @@ class SlicePolicy:
         """Admit `r` and issue its best candidate, with `later` waiting requests of its class
         packed into its batch where that keeps deadlines (`_pack`); preempt lower classes for
         KV if needed. False when nothing fits; a device, when the best candidate waits for a
-        decode step there (`_step_first`) or uses a device in `held` (which one waits for:
+        decode step there (`step_first`) or uses a device in `held` (which one waits for:
         `r` may join that plan next round)."""
         best = self._best(draft, r)
         if best is None and any(preempt_for(draft, d, r) for d in draft.view.devices):
@@ -136,7 +137,7 @@ class SlicePolicy:
         placement = best.plan.placement
         if waits := held.intersection(placement):
             return min(waits)
-        if _step_first(draft, r, best.plan):
+        if step_first(draft, r, best.plan):
             return placement[0]
         plan, mates = self._pack(draft, r, best, later)
         for q in (r, *mates):
@@ -155,7 +156,7 @@ class SlicePolicy:
         placement, prio = plan.placement, r.priority
         device = placement[0]
         if (len(set(placement)) != 1 or len(plan.chunks) != 1 or not later
-                or not all(_prefilling(draft, d, prio) for d in draft.view.devices
+                or not all(prefilling(draft, d, prio) for d in draft.view.devices
                            if d != device)):
             return plan, []
         feeds, mates = list(plan.chunks[0]), []
@@ -173,7 +174,7 @@ class SlicePolicy:
             mates.append(q)
             used, room = used + feed.num_tokens, room - need
         while mates:
-            trial = _trial(draft, Plan(prio, placement, [feeds[:len(mates) + 1]]), best,
+            trial = grown_plan(draft, Plan(prio, placement, [feeds[:len(mates) + 1]]), best,
                            [r, *mates])
             if trial is not None:
                 return trial, mates
@@ -197,19 +198,19 @@ class SlicePolicy:
         if not riders:
             return plan
         feeds = [*plan.chunks[0], *(Feed(q, q.num_computed, 1) for q in riders)]
-        return _trial(draft, Plan(plan.priority, placement, [feeds]), best, members) or plan
+        return grown_plan(draft, Plan(plan.priority, placement, [feeds]), best, members) or plan
 
     def _best(self, draft: Draft, r: RequestView) -> Scored | None:
         """The feasible candidate with the best (deadlines missed, cost) score: its own
         deadline, and those of requests placed before it that it alone would make miss
         (ops overlapping on devices that share a host slow each other down); the cost is
         its first token plus the delay it adds to the next tokens of requests decoding on
-        its devices (`_decode_delay`).
+        its devices (`decode_delay`).
 
         NOTE: whichever placement is expected first wins, split or not: a split pins the
         request's KV (and so its decode steps) to both devices, but an interactive request's
         first token is what its tenant waits for. Expected: the simulation's prediction
-        scaled by how far plans of its kind missed theirs lately (`_expected`).
+        scaled by how far plans of its kind missed theirs lately (`expected`).
         """
         deadline = r.ttft_deadline
         best: Scored | None = None
@@ -221,9 +222,9 @@ class SlicePolicy:
             if pred.oom:
                 continue
             raw = pred.first_token.get(r.rid, pred.end)
-            first = _expected(draft, plan, raw)
-            missed = (deadline is not None and first > deadline) + _harmed(draft, pred)
-            score = (missed, first + _decode_delay(draft, plan, pred))
+            first = expected(draft, plan, raw)
+            missed = (deadline is not None and first > deadline) + harmed(draft, pred)
+            score = (missed, first + decode_delay(draft, plan, pred))
             if best is None or score < best.score:
                 plan.predicted_first_token_s = raw
                 best = Scored(plan, score)
@@ -298,7 +299,7 @@ class SlicePolicy:
 
     # -- low ---------------------------------------------------------------------------------
     def _low(self, draft: Draft) -> None:
-        if any(draft.num_waiting(p) and not all(_prefilling(draft, d, p) for d in
+        if any(draft.num_waiting(p) and not all(prefilling(draft, d, p) for d in
                                                 draft.view.devices)
                for p in (Priority.HIGH, Priority.NORMAL)):
             # NOTE: urgent requests wait for memory; do not let low work take it (those that
@@ -394,89 +395,4 @@ class SlicePolicy:
         if not draft.snapshot().deadlines:
             return True
         pred = draft.simulate(plan)
-        return not pred.oom and not _harmed(draft, pred)
-
-
-def _prefilling(draft: Draft, device: str, prio: Priority) -> bool:
-    """Whether a prefill plan of class `prio` or a higher one is in flight on `device`."""
-    return any(draft.prefills(device, p) for p in Priority if p <= prio)
-
-
-def _step_first(draft: Draft, r: RequestView, plan: Plan) -> bool:
-    """Whether `plan` (prompts on one device) should wait for a decode step of `r`'s class
-    in flight on its placement: its ops would run only after that step's anyway (a batch
-    issued earlier goes first), and once the step ends its requests ride along in the
-    prefill (`_ride`) instead of waiting for the whole prefill before their next step."""
-    placement = plan.placement
-    if len(set(placement)) != 1 or len(plan.chunks) != 1:
-        return False
-    return any(q.placement == placement and q.priority == r.priority and not q.is_prefilling
-               for q in draft.view.running)
-
-
-def _decode_delay(draft: Draft, plan: Plan, pred: Prediction) -> float:
-    """Seconds `plan` delays the next tokens of requests decoding on its devices (in a step
-    or between steps) at its class or a higher one: on each device, until its last op there
-    ends (expected, as `_expected`), times the requests decoding there. Those on a
-    one-device plan's device ride along and get their token at its end; a split holds up
-    the requests decoding on every device it uses."""
-    now = draft.view.now
-    last: dict[str, float] = {}
-    for op in plan.ops:
-        t = pred.finish.get(op.op_id)
-        if t is not None and t > last.get(op.device, now):
-            last[op.device] = t
-    decoding = Counter(d for q in (*draft.runnable(), *draft.view.running)
-                       if q.placement and not q.is_prefilling and q.priority <= plan.priority
-                       for d in set(q.placement))
-    return sum((_expected(draft, plan, t) - now) * decoding[d] for d, t in last.items())
-
-
-def _expected(draft: Draft, plan: Plan, first: float) -> float:
-    """A predicted first token `first` of `plan`, its wait scaled by the measured / predicted
-    ratio of plans of its placement kind (scheduler/calibration.py)."""
-    kind = kind_of(plan.placement, len(plan.chunks))
-    now = draft.view.now
-    return now + (first - now) * draft.view.first_token_factors.get(kind, 1.0)
-
-
-def _trial(draft: Draft, plan: Plan, best: Scored, members: list[RequestView]) -> Plan | None:
-    """`plan` (a batch grown from `best`'s, `members` first) built and stamped with its first
-    token, if its simulation is not OOM and `_keeps` the deadlines; else None."""
-    trial = draft.view.builder.build(plan)
-    pred = draft.simulate(trial)
-    if pred.oom or not _keeps(draft, pred, best, members):
-        return None
-    trial.predicted_first_token_s = pred.first_token.get(members[0].rid, pred.end)
-    return trial
-
-
-def _keeps(draft: Draft, pred: Prediction, best: Scored, members: list[RequestView]) -> bool:
-    """Whether a packed batch's prediction misses no more deadlines than its first request's
-    best plan alone, and keeps every packed request's own deadline (as expected)."""
-    r = members[0]
-    first = _expected(draft, best.plan, pred.first_token.get(r.rid, pred.end))
-    missed = (r.ttft_deadline is not None and first > r.ttft_deadline) + _harmed(draft, pred)
-    if missed > best.score[0]:
-        return False
-    return all(q.ttft_deadline is None
-               or _expected(draft, best.plan, pred.first_token.get(q.rid, pred.end))
-               <= q.ttft_deadline for q in members[1:])
-
-
-def _harmed(draft: Draft, pred: Prediction) -> int:
-    """How many requests with a pending TTFT deadline `pred` misses that the draft as it
-    stands (its baseline) keeps."""
-    deadlines = draft.snapshot().deadlines
-    base: Prediction | None = None
-    n = 0
-    for rid, deadline in deadlines:
-        t = pred.first_token.get(rid)
-        if t is None or t <= deadline:
-            continue
-        if base is None:  # NOTE: the baseline is simulated only once a deadline is missed
-            base = draft.baseline()
-        before = base.first_token.get(rid)
-        if before is not None and before <= deadline:
-            n += 1  # this plan alone would make it miss
-    return n
+        return not pred.oom and not harmed(draft, pred)

@@ -1,0 +1,107 @@
+"""How `slice` scores a candidate plan: deadlines it keeps or breaks, its expected first
+token (the simulation's prediction scaled by what plans of its kind measured), and the
+delay it adds to requests decoding on its devices; and the checks a grown batch must pass."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from executors.types import Priority
+from scheduler.calibration import kind_of
+from scheduler.draft import Draft
+from scheduler.plan import Plan
+from scheduler.requestview import RequestView
+from scheduler.simulator import Prediction
+
+
+@dataclass(slots=True)
+class Scored:
+    plan: Plan
+    score: tuple[int, float]  # (deadlines missed, expected first token + `decode_delay`)
+
+
+def prefilling(draft: Draft, device: str, prio: Priority) -> bool:
+    """Whether a prefill plan of class `prio` or a higher one is in flight on `device`."""
+    return any(draft.prefills(device, p) for p in Priority if p <= prio)
+
+
+def step_first(draft: Draft, r: RequestView, plan: Plan) -> bool:
+    """Whether `plan` (prompts on one device) should wait for a decode step of `r`'s class
+    in flight on its placement: its ops would run only after that step's anyway (a batch
+    issued earlier goes first), and once the step ends its requests ride along in the
+    prefill (`SlicePolicy._ride`) instead of waiting for the whole prefill before their
+    next step."""
+    placement = plan.placement
+    if len(set(placement)) != 1 or len(plan.chunks) != 1:
+        return False
+    return any(q.placement == placement and q.priority == r.priority and not q.is_prefilling
+               for q in draft.view.running)
+
+
+def decode_delay(draft: Draft, plan: Plan, pred: Prediction) -> float:
+    """Seconds `plan` delays the next tokens of requests decoding on its devices (in a step
+    or between steps) at its class or a higher one: on each device, until its last op there
+    ends (expected, as `expected`), times the requests decoding there. Those on a
+    one-device plan's device ride along and get their token at its end; a split holds up
+    the requests decoding on every device it uses."""
+    now = draft.view.now
+    last: dict[str, float] = {}
+    for op in plan.ops:
+        t = pred.finish.get(op.op_id)
+        if t is not None and t > last.get(op.device, now):
+            last[op.device] = t
+    decoding = Counter(d for q in (*draft.runnable(), *draft.view.running)
+                       if q.placement and not q.is_prefilling and q.priority <= plan.priority
+                       for d in set(q.placement))
+    return sum((expected(draft, plan, t) - now) * decoding[d] for d, t in last.items())
+
+
+def expected(draft: Draft, plan: Plan, first: float) -> float:
+    """A predicted first token `first` of `plan`, its wait scaled by the measured / predicted
+    ratio of plans of its placement kind (scheduler/calibration.py)."""
+    kind = kind_of(plan.placement, len(plan.chunks))
+    now = draft.view.now
+    return now + (first - now) * draft.view.first_token_factors.get(kind, 1.0)
+
+
+def grown_plan(draft: Draft, plan: Plan, best: Scored, members: list[RequestView]) -> Plan | None:
+    """`plan` (a batch grown from `best`'s, `members` first) built and stamped with its first
+    token, if its simulation is not OOM and `keeps` the deadlines; else None."""
+    trial = draft.view.builder.build(plan)
+    pred = draft.simulate(trial)
+    if pred.oom or not keeps(draft, pred, best, members):
+        return None
+    trial.predicted_first_token_s = pred.first_token.get(members[0].rid, pred.end)
+    return trial
+
+
+def keeps(draft: Draft, pred: Prediction, best: Scored, members: list[RequestView]) -> bool:
+    """Whether a packed batch's prediction misses no more deadlines than its first request's
+    best plan alone, and keeps every packed request's own deadline (as expected)."""
+    r = members[0]
+    first = expected(draft, best.plan, pred.first_token.get(r.rid, pred.end))
+    missed = (r.ttft_deadline is not None and first > r.ttft_deadline) + harmed(draft, pred)
+    if missed > best.score[0]:
+        return False
+    return all(q.ttft_deadline is None
+               or expected(draft, best.plan, pred.first_token.get(q.rid, pred.end))
+               <= q.ttft_deadline for q in members[1:])
+
+
+def harmed(draft: Draft, pred: Prediction) -> int:
+    """How many requests with a pending TTFT deadline `pred` misses that the draft as it
+    stands (its baseline) keeps."""
+    deadlines = draft.snapshot().deadlines
+    base: Prediction | None = None
+    n = 0
+    for rid, deadline in deadlines:
+        t = pred.first_token.get(rid)
+        if t is None or t <= deadline:
+            continue
+        if base is None:  # NOTE: the baseline is simulated only once a deadline is missed
+            base = draft.baseline()
+        before = base.first_token.get(rid)
+        if before is not None and before <= deadline:
+            n += 1  # this plan alone would make it miss
+    return n
