@@ -45,10 +45,12 @@ def test_the_factor_is_the_median_ratio_once_enough_plans_ended(
         assert cal.factors() == {}  # too few yet
         cal.first_token(f"r{i}", 10.0 * i + measured)
     assert cal.factors() == {SPLIT: pytest.approx(2.0)}
+    seen = cal.factors()  # as a round's view holds it
     for i in range(3, 8):  # the window forgets the first ones
         cal.issued(_plan(f"r{i}", two, 10.0 * i + 0.1), 10.0 * i)
         cal.first_token(f"r{i}", 10.0 * i + 0.1)
     assert cal.factors() == {SPLIT: pytest.approx(1.0)}
+    assert seen == {SPLIT: pytest.approx(2.0)}  # a view's factors never change under it
     logged = [r.getMessage() for r in caplog.records]
     assert logged[0].startswith("first tokens of split plans take 2.00x")
     assert logged[-1].startswith("first tokens of split plans take 1.00x")
