@@ -2,8 +2,9 @@
 
 Each round: high-priority prefills by earliest TTFT deadline (then normal),
 each placed on the candidate partition (one device, a layer split over two,
-or a chunked pipeline over that split) with the earliest predicted first
-token that keeps its deadline (while every device runs a prefill of their
+or a chunked pipeline over that split) with the earliest expected first
+token, plus the delay it adds to requests of its class decoding on its
+devices, that keeps its deadline (while every device runs a prefill of their
 class they wait, and the next plan on one device packs the whole prompts of
 those waiting, and the next decode step of requests of that class decoding
 there, into its batch where that keeps the deadlines; a plan for one device
@@ -175,7 +176,7 @@ class SlicePolicy:
             used, room = used + feed.num_tokens, room - need
         while mates:
             trial = grown_plan(draft, Plan(prio, placement, [feeds[:len(mates) + 1]]), best,
-                           [r, *mates])
+                               [r, *mates])
             if trial is not None:
                 return trial, mates
             mates.pop()
@@ -207,10 +208,10 @@ class SlicePolicy:
         its first token plus the delay it adds to the next tokens of requests decoding on
         its devices (`decode_delay`).
 
-        NOTE: whichever placement is expected first wins, split or not: a split pins the
-        request's KV (and so its decode steps) to both devices, but an interactive request's
-        first token is what its tenant waits for. Expected: the simulation's prediction
-        scaled by how far plans of its kind missed theirs lately (`expected`).
+        NOTE: the lowest cost wins, split or not: a split pins the request's KV (and so its
+        decode steps) to both devices, but an interactive request's first token is what its
+        tenant waits for. Expected: the simulation's prediction scaled by how far plans of
+        its kind missed theirs lately (`expected`).
         """
         deadline = r.ttft_deadline
         best: Scored | None = None
