@@ -22,6 +22,7 @@ import json
 import logging
 import re
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from executors.interference import Interference
@@ -119,6 +120,7 @@ class Estimators:
         self.drift = DriftWatch()
         # called with a device kind whose ops drifted (the factory wires the re-profiler)
         self.on_drift: Callable[[str], None] | None = None
+        self.cache_file: Path | None = None  # the start-up fit's cache (re-profiles update it)
 
     # -- the simulator's hot path --------------------------------------------------------
     def op_time(self, device: Device | str, op_name: str, shape: BatchShape) -> float:

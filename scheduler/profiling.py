@@ -39,6 +39,7 @@ from models.loader import Model
 from models.template import GraphTemplate, OpKind
 from scheduler.colocation import profile_colocation
 from scheduler.estimators import Estimators, device_kind
+from scheduler.linear import LinearEstimator
 from scheduler.oprunner import Case, Clock, ShapeRunner, copy_bandwidth, time_copies
 
 logger = logging.getLogger(__name__)
@@ -202,17 +203,53 @@ def load_or_profile(model: Model, devices: Sequence[Device | str], cache_dir: Pa
     kinds = {d: (kinds or {}).get(d) or device_kind(d) for d in names}
     key = cache_key(model, names, kinds, sweep, threads)
     path = cache_path(key, cache_dir)
-    if path.is_file() and not refresh:
-        try:
-            est = Estimators.from_json(path.read_text(), kinds)
-            if est.meta == json.loads(json.dumps(key)):
-                return est
-        except (ValueError, KeyError) as e:
-            logger.warning("ignoring estimator cache %s: %s", path, e)
-    est = profile(model, names, sweep, threads, kinds)
-    est.meta = json.loads(json.dumps(key))  # JSON-normalised, as it reads back
-    _write_atomically(path, est.to_json())
+    est = None if refresh else _read_cache(path, key, kinds)
+    if est is None:
+        est = profile(model, names, sweep, threads, kinds)
+        est.meta = json.loads(json.dumps(key))  # JSON-normalised, as it reads back
+        _write_atomically(path, est.to_json())
+    est.cache_file = path
     return est
+
+
+def _read_cache(path: Path, key: dict[str, object], kinds: dict[str, str]) -> Estimators | None:
+    if not path.is_file():
+        return None
+    try:
+        est = Estimators.from_json(path.read_text(), kinds)
+    except (ValueError, KeyError) as e:
+        logger.warning("ignoring estimator cache %s: %s", path, e)
+        return None
+    return est if est.meta == json.loads(json.dumps(key)) else None
+
+
+def remember(path: Path, update: Callable[[Estimators], object]) -> None:
+    """Apply `update` (a background re-profile's result) to the fit cached at `path`, so that
+    the next start begins from what the machine measures now, not from the first profile.
+    The cached fit holds profiles only: the live refit's observations are not written."""
+    cached = Estimators.from_json(path.read_text())
+    update(cached)
+    _write_atomically(path, cached.to_json())
+
+
+def take_kind(kind: str, fresh: Estimators) -> Callable[[Estimators], None]:
+    """An update for `remember`: `kind`'s ops as a re-profile (`fresh`) fitted them, copied
+    now (an op new to the kind is the live fit's own estimator from here on)."""
+    fits = {k: e.to_dict() for k, e in fresh.ops.items() if k[0] == kind}
+
+    def update(cached: Estimators) -> None:
+        cached.ops.update({k: LinearEstimator.from_dict(d) for k, d in fits.items()})
+    return update
+
+
+def take_pair(src: str, dst: str, num_bytes: Sequence[int], seconds: Sequence[float]
+              ) -> Callable[[Estimators], None]:
+    """An update for `remember`: the pair's transfers refitted, where the cached fit has the
+    pair (a pair it lacks belongs to another set of devices: a fit is keyed by them)."""
+    def update(cached: Estimators) -> None:
+        if (src, dst) in cached.transfers:
+            cached.fit_transfer(src, dst, num_bytes, seconds)
+    return update
 
 
 def _write_atomically(path: Path, text: str) -> None:

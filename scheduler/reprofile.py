@@ -13,6 +13,10 @@ thread and their fit on the event loop:
   executors down nor is slowed by them; under constant load it waits, and the
   online refit tracks the drift meanwhile.
 
+Each result is also written into the start-up fit's cache (`Estimators.cache_file`),
+so that the next start begins from what the machine measured last rather than
+drifting from an old profile and re-profiling again.
+
 A failure is logged and counted; the estimate in place stays, and the job is
 tried again at the next request.
 """
@@ -29,7 +33,7 @@ from collections.abc import Callable, Sequence
 from models.cpu import torch_threads
 from models.loader import Model
 from scheduler.estimators import Estimators
-from scheduler.profiling import Sweep, fit_kind, profile_pair
+from scheduler.profiling import Sweep, fit_kind, profile_pair, remember, take_kind, take_pair
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +96,7 @@ class PairProfiler:
         self.est.fit_transfer(src, dst, nbytes, seconds)
         self.done.append((src, dst))
         logger.info("profiled transfers %s->%s in the background", src, dst)
+        await self._remember(take_pair(src, dst, nbytes, seconds))
 
     async def _kind(self, kind: str) -> None:
         device = next((d for d in self.devices if self.est.kind_of(d) == kind), None)
@@ -105,6 +110,16 @@ class PairProfiler:
         self.kinds_done.append(kind)
         logger.info("re-profiled the ops of %s on %s in the background in %.1f s", kind,
                     device, time.perf_counter() - t0)
+        await self._remember(take_kind(kind, fresh))
+
+    async def _remember(self, update: Callable[[Estimators], object]) -> None:
+        path = self.est.cache_file
+        if path is None:
+            return
+        try:
+            await asyncio.to_thread(remember, path, update)
+        except (OSError, ValueError, KeyError) as e:  # the live fit has it: only a restart loses
+            logger.warning("could not write the re-profile into %s: %s", path, e)
 
     def _fit_kind(self, fresh: Estimators, kind: str, device: str) -> None:
         with torch_threads(self.threads):  # NOTE: a worker thread starts at torch's default

@@ -69,6 +69,8 @@ async def test_a_drifted_kind_is_profiled_again_when_the_devices_are_idle(
         for e in est.ops.values():  # the machine got three times faster than its profile
             e.base, e.theta = 3 * e.base, 3 * e.theta
             e._publish()
+        assert est.cache_file is not None
+        est.cache_file.write_text(est.to_json())  # ... which a start read from its cache
         # NOTE: after the live request's ops (in op time), a full window past the next refit
         t0 = sched.clock()
         for k in range(layers.window + layers.refit_every):
@@ -81,3 +83,7 @@ async def test_a_drifted_kind_is_profiled_again_when_the_devices_are_idle(
         assert sched.stats().reprofiles == {"cpu": 1}
     finally:
         await sched.stop()
+    # the next start reads the re-profile back from the cache, not the old profile
+    again = load_or_profile(model, ["cpu:0", "cpu:1"], tmp_path, SMALL)
+    assert again.op_time("cpu:0", name, shape) == pytest.approx(true_s, rel=0.5)
+    assert again.transfers.keys() == est.transfers.keys() and again.interference is not None
