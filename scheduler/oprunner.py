@@ -78,11 +78,13 @@ class ShapeRunner:
             self.kv.allocator.free(list(s.block_table))
         return batch
 
-    def run_once(self, batch: Batch) -> list[float]:
-        """Seconds of each op, one chain run."""
+    def run_once(self, batch: Batch, pause: Callable[[], None] | None = None) -> list[float]:
+        """Seconds of each op, one chain run; `pause` runs before each op, off its clock."""
         times, x = [], None
         clock = self.clock
         for op in self.ops:
+            if pause is not None:
+                pause()
             t0 = clock()
             x = op.run(batch, x, self.kv)
             self._sync()
@@ -93,7 +95,8 @@ class ShapeRunner:
                    pause: Callable[[], None] | None = None) -> list[OpSample]:
         """Every case `repeats` times after a warm-up round, interleaved (each round runs
         every case once), so a change in background load hits all shapes alike. `pause`
-        runs before each case.
+        runs before each op (a re-profile waits there while the serving devices work, so
+        that it overlaps them by one op at most, not by a whole chain).
 
         NOTE: each round runs the cases in another (seeded) order: a small op's time
         depends on what ran just before it (the embedding after a head is cache-cold),
@@ -104,9 +107,7 @@ class ShapeRunner:
         rng = random.Random(0)
         for r in range(repeats + 1):
             for i in order:
-                if pause is not None:
-                    pause()
-                t = self.run_once(batches[i])
+                t = self.run_once(batches[i], pause)
                 if r:
                     runs[i].append(t)
             rng.shuffle(order)

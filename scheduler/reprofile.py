@@ -8,10 +8,10 @@ thread and their fit on the event loop:
   its copies are timed and its transfer estimator fitted.
 - a device kind whose ops drifted from their profile (`Estimators.on_drift`):
   the sweep is timed again on a device of that kind and becomes the base of
-  every op of the kind (`Estimators.rebase_kind`). Each case of it waits until
-  the scheduler has no op in flight (`idle`), so it neither slows the serving
-  executors down nor is slowed by them; under constant load it waits, and the
-  online refit tracks the drift meanwhile.
+  every op of the kind (`Estimators.rebase_kind`). Each op of it waits until the
+  scheduler has no op in flight (`idle`), so it overlaps the serving executors by
+  one op at most (work issued while it runs); under constant load it waits, and
+  the online refit tracks the drift meanwhile.
 
 Each result is also written into the start-up fit's cache (`Estimators.cache_file`),
 so that the next start begins from what the machine measured last rather than
@@ -127,7 +127,7 @@ class PairProfiler:
                      self._wait_idle)
 
     def _wait_idle(self) -> None:
-        """Before each case of a kind's sweep (worker thread): wait for no op in flight."""
+        """Before each op of a kind's sweep (worker thread): wait for no op in flight."""
         while not self.is_idle():
             if self._abort.is_set():
                 raise Aborted

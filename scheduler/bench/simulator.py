@@ -132,12 +132,15 @@ async def _workload(sched: Scheduler, tag: str, sizes: list[tuple[int, str]] = S
 async def _accuracy_run(model: Model, est: Estimators, devices: list[Device],
                         calibrate: int) -> dict:
     """`calibrate` runs of another mix refit the estimators online (as a live server does);
-    then they are frozen, the workload is predicted, and run."""
+    a background re-profile they set off finishes; then the estimators are frozen, the
+    workload is predicted, and run (alone: the simulator knows nothing of a sweep beside)."""
     sched = build_scheduler(model, devices, SchedulerConfig(policy="fcfs"), est)
     await sched.start()
     est.unfreeze()
     for k in range(calibrate):
         await _workload(sched, f"c{k}-", CALIBRATION)
+    if sched.profiler is not None:
+        await sched.profiler.idle()
     est.freeze()
     predicted, actual = await _workload(sched, "a")
     await sched.stop(drain=False)
