@@ -33,14 +33,18 @@ from scheduler.overlap import Overlaps
 
 # NOTE: num_context_tokens separates the KV read of batched decode (which pads to the
 # longest context) from prefill attention; it halves the layer groups' error on CPU.
+# gemm_rows is 1 for a batch of more rows than the CPU kernels' native GEMV takes
+# (`native_rows`, measured at start-up: models.tuning); fewer rows run other kernels (a
+# matrix-vector product, a whole decode layer in one call), and without it one line through
+# both regimes missed the layer groups' own profile by 10% on average, up to 24% (2.5% with).
 OP_FEATURES = ("num_tokens", "attn_work", "num_seqs", "num_sampled", "num_context_tokens",
-               "const")
+               "gemm_rows", "const")
 _OP_MASKS = {  # which features each kind of op uses (by op name)
-    "embed": (True, False, False, False, False, True),
-    "layers": (True, True, True, False, True, True),
-    "head": (True, False, False, True, False, True),
+    "embed": (True, False, False, False, False, False, True),
+    "layers": (True, True, True, False, True, True, True),
+    "head": (True, False, False, True, False, False, True),
 }
-_OP_SCALE = (1e3, 1e6, 1e2, 1e2, 1e4, 1.0)  # typical magnitudes, for a well-conditioned fit
+_OP_SCALE = (1e3, 1e6, 1e2, 1e2, 1e4, 1.0, 1.0)  # typical magnitudes, for a well-conditioned fit
 XFER_FEATURES = ("num_bytes", "const")
 _XFER_SCALE = (1e6, 1.0)
 # NOTE: a transfer between devices that were never profiled together is priced as bytes
@@ -51,15 +55,16 @@ FALLBACK_BANDWIDTH_BYTES_S = 1e9
 FALLBACK_XFER_CONST_S = 1e-4
 logger = logging.getLogger(__name__)
 _GROUP = re.compile(r"layers\[(\d+):(\d+)\]")
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 DRIFT_THRESHOLD = 0.15  # |measured / base - 1| (median over a full window) that re-profiles
 DRIFT_MIN_S = 5e-4  # a drift that moves the op's median time by less re-profiles nothing
 REPROFILE_COOLDOWN_S = 300.0  # of op time between re-profiles of one kind or pair (doubles
 # while the drift persists after one)
 
 
-def op_features(s: BatchShape) -> tuple[float, ...]:
-    return (s.num_tokens, s.attn_work, s.num_seqs, s.num_sampled, s.num_context_tokens, 1.0)
+def op_features(s: BatchShape, native_rows: int = 1) -> tuple[float, ...]:
+    return (s.num_tokens, s.attn_work, s.num_seqs, s.num_sampled, s.num_context_tokens,
+            1.0 if s.num_tokens > native_rows else 0.0, 1.0)
 
 
 def op_mask(op_name: str) -> tuple[bool, ...]:
@@ -121,6 +126,7 @@ class Estimators:
         # called with a device kind whose ops drifted (the factory wires the re-profiler)
         self.on_drift: Callable[[str], None] | None = None
         self.cache_file: Path | None = None  # the start-up fit's cache (re-profiles update it)
+        self.native_rows = 1  # batches of up to this many rows skip gemm_rows (fit_kind sets it)
 
     # -- the simulator's hot path --------------------------------------------------------
     def op_time(self, device: Device | str, op_name: str, shape: BatchShape) -> float:
@@ -131,7 +137,9 @@ class Estimators:
             est = self._op_cache[(name, op_name)] = self._resolve_op(name, op_name)
         c = est.coef
         t = (c[0] * shape.num_tokens + c[1] * shape.attn_work + c[2] * shape.num_seqs
-             + c[3] * shape.num_sampled + c[4] * shape.num_context_tokens + c[5])
+             + c[3] * shape.num_sampled + c[4] * shape.num_context_tokens + c[6])
+        if shape.num_tokens > self.native_rows:
+            t += c[5]
         return t if t > MIN_TIME_S else MIN_TIME_S
 
     def transfer_time(self, src: str, dst: str, num_bytes: int) -> float:
@@ -200,7 +208,8 @@ class Estimators:
         if (kind, op_name) not in self.ops:  # a fallback: learn from it onwards
             est = self.ops[(kind, op_name)] = est.clone(f"{kind}/{op_name}")
             self._op_cache.clear()
-        ape = est.observe(op_features(shape), seconds, learn=not self.frozen, at=at)
+        ape = est.observe(op_features(shape, self.native_rows), seconds, learn=not self.frozen,
+                          at=at)
         if self.drift.check(est, kind, at):
             logger.warning("%s drifted to %.2fx its profiled time: re-profiling %s", est.name,
                            est.level, kind)
@@ -226,7 +235,7 @@ class Estimators:
     def fit_op(self, kind: str, op_name: str, shapes: Sequence[BatchShape],
                seconds: Sequence[float]) -> LinearEstimator:
         est = self._new_op(kind, op_name)
-        est.fit([op_features(s) for s in shapes], seconds)
+        est.fit([op_features(s, self.native_rows) for s in shapes], seconds)
         return est
 
     def fit_transfer(self, src: str, dst: str, num_bytes: Sequence[int],
@@ -350,6 +359,7 @@ class Estimators:
             "window": self.window, "refit_every": self.refit_every,
             "interference": self.interference.to_dict() if self.interference else None,
             "copy_bandwidth_bytes_s": self.copy_bandwidth_bytes_s,
+            "native_rows": self.native_rows,
             "ops": [{"kind": k, "op": n, **e.to_dict()} for (k, n), e in self.ops.items()],
             "transfers": [{"src": s, "dst": d, **e.to_dict()}
                           for (s, d), e in self.transfers.items()],
@@ -365,6 +375,7 @@ class Estimators:
         if d["interference"] is not None:
             est.set_interference(Interference.from_dict(d["interference"]))
         est.copy_bandwidth_bytes_s = d.get("copy_bandwidth_bytes_s")
+        est.native_rows = d["native_rows"]
         for o in d["ops"]:
             est.ops[(o["kind"], o["op"])] = LinearEstimator.from_dict(o)
         for t in d["transfers"]:

@@ -106,7 +106,7 @@ def fallback_coefficients(template: GraphTemplate, bandwidth_bytes_s: float,
         if t.kind is OpKind.EMBED:
             per_token = t.output_bytes(BatchShape(1, 1, 0, 0, 0)) / bandwidth_bytes_s
         fixed = t.weight_bytes / bandwidth_bytes_s
-        return (per_token, per_attn, 0.0, per_sampled, per_context, fixed)
+        return (per_token, per_attn, 0.0, per_sampled, per_context, 0.0, fixed)
     return coef
 
 
@@ -138,7 +138,8 @@ def fit_kind(est: Estimators, model: Model, kind: str, device: str, sweep: Sweep
              clock: Clock = time.perf_counter,
              pause: Callable[[], None] | None = None) -> None:
     """Time the sweep's cases on `device` and (re)fit every op of `kind` from them.
-    `pause` runs before each case (a re-profile waits there for the host to go idle)."""
+    `pause` runs before each op (a re-profile waits there for the host to go idle)."""
+    est.native_rows = native_rows(model)
     runner = ShapeRunner(model, Device(device, 1).torch_device, sweep.cases(),
                          sweep.block_size, clock)
     samples = runner.sample_all(sweep.cases(), sweep.repeats, pause)
@@ -146,6 +147,11 @@ def fit_kind(est: Estimators, model: Model, kind: str, device: str, sweep: Sweep
         fitted = est.fit_op(kind, t.name, [s.shape for s in samples],
                             [s.median(i) for s in samples])
         fitted.sample_cov = statistics.fmean(s.cov(i) for s in samples)
+
+
+def native_rows(model: Model) -> int:
+    """Rows up to which the model's CPU kernels run their native GEMV path (at least 1)."""
+    return max(1, model.kernels.gemm.native_rows)
 
 
 def cpu_hosts(names: Sequence[str]) -> dict[str, str]:

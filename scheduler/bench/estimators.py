@@ -33,7 +33,7 @@ from models.loader import Model, load
 from scheduler.bench.machine import capability_line, load_average, machine_line
 from scheduler.estimators import Estimators
 from scheduler.oprunner import CLOCKS, Case, Clock, ShapeRunner, time_copies
-from scheduler.profiling import Sweep, profile
+from scheduler.profiling import Sweep, native_rows, profile
 
 GOAL_MAPE, GOAL_COV_FACTOR = 0.03, 1.5  # operators: MAPE <= max(3%, 1.5 x sample CoV)
 PAPER = {"operators": {"mape": 0.0032, "cov": 0.0062},
@@ -98,6 +98,7 @@ def interleaved(model: Model, held: HeldOut, repeats: int, clock: Clock) -> dict
     samples = runner.sample_all(cases, repeats)
     fit, test = samples[:len(fit_cases)], samples[len(fit_cases):]
     est, scores = Estimators({device: "cpu"}), Scores()
+    est.native_rows = native_rows(model)
     for i, t in enumerate(model.template.ops):
         e = est.fit_op("cpu", t.name, [s.shape for s in fit], [s.median(i) for s in fit])
         for s in test:
