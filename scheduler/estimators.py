@@ -33,18 +33,19 @@ from scheduler.overlap import Overlaps
 
 # NOTE: num_context_tokens separates the KV read of batched decode (which pads to the
 # longest context) from prefill attention; it halves the layer groups' error on CPU.
-# gemm_rows is 1 for a batch of more rows than the CPU kernels' native GEMV takes
-# (`native_rows`, measured at start-up: models.tuning); fewer rows run other kernels (a
-# matrix-vector product, a whole decode layer in one call), and without it one line through
-# both regimes missed the layer groups' own profile by 10% on average, up to 24% (2.5% with).
+# Up to `native_rows` rows (measured at start-up: models.tuning) the CPU kernels run their
+# native GEMV (a whole decode layer in one call); above, the GEMM kernels. native_rows
+# counts the rows past the first within the GEMV's range, gemm_rows is 1 above it: without
+# them one line through both regimes missed the layer groups' own profile by 10% on average,
+# up to 24% (2.5% with gemm_rows).
 OP_FEATURES = ("num_tokens", "attn_work", "num_seqs", "num_sampled", "num_context_tokens",
-               "gemm_rows", "const")
+               "native_rows", "gemm_rows", "const")
 _OP_MASKS = {  # which features each kind of op uses (by op name)
-    "embed": (True, False, False, False, False, False, True),
-    "layers": (True, True, True, False, True, True, True),
-    "head": (True, False, False, True, False, False, True),
+    "embed": (True, False, False, False, False, False, False, True),
+    "layers": (True, True, True, False, True, True, True, True),
+    "head": (True, False, False, True, False, False, False, True),
 }
-_OP_SCALE = (1e3, 1e6, 1e2, 1e2, 1e4, 1.0, 1.0)  # typical magnitudes, for a well-conditioned fit
+_OP_SCALE = (1e3, 1e6, 1e2, 1e2, 1e4, 1.0, 1.0, 1.0)  # typical magnitudes (a well-posed fit)
 XFER_FEATURES = ("num_bytes", "const")
 _XFER_SCALE = (1e6, 1.0)
 # NOTE: a transfer between devices that were never profiled together is priced as bytes
@@ -55,7 +56,7 @@ FALLBACK_BANDWIDTH_BYTES_S = 1e9
 FALLBACK_XFER_CONST_S = 1e-4
 logger = logging.getLogger(__name__)
 _GROUP = re.compile(r"layers\[(\d+):(\d+)\]")
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 DRIFT_THRESHOLD = 0.15  # |measured / base - 1| (median over a full window) that re-profiles
 DRIFT_MIN_S = 5e-4  # a drift that moves the op's median time by less re-profiles nothing
 REPROFILE_COOLDOWN_S = 300.0  # of op time between re-profiles of one kind or pair (doubles
@@ -63,8 +64,9 @@ REPROFILE_COOLDOWN_S = 300.0  # of op time between re-profiles of one kind or pa
 
 
 def op_features(s: BatchShape, native_rows: int = 1) -> tuple[float, ...]:
+    native = s.num_tokens <= native_rows
     return (s.num_tokens, s.attn_work, s.num_seqs, s.num_sampled, s.num_context_tokens,
-            1.0 if s.num_tokens > native_rows else 0.0, 1.0)
+            s.num_tokens - 1.0 if native else 0.0, 0.0 if native else 1.0, 1.0)
 
 
 def op_mask(op_name: str) -> tuple[bool, ...]:
@@ -126,7 +128,7 @@ class Estimators:
         # called with a device kind whose ops drifted (the factory wires the re-profiler)
         self.on_drift: Callable[[str], None] | None = None
         self.cache_file: Path | None = None  # the start-up fit's cache (re-profiles update it)
-        self.native_rows = 1  # batches of up to this many rows skip gemm_rows (fit_kind sets it)
+        self.native_rows = 1  # rows the native GEMV takes (fit_kind sets it): see OP_FEATURES
 
     # -- the simulator's hot path --------------------------------------------------------
     def op_time(self, device: Device | str, op_name: str, shape: BatchShape) -> float:
@@ -137,9 +139,11 @@ class Estimators:
             est = self._op_cache[(name, op_name)] = self._resolve_op(name, op_name)
         c = est.coef
         t = (c[0] * shape.num_tokens + c[1] * shape.attn_work + c[2] * shape.num_seqs
-             + c[3] * shape.num_sampled + c[4] * shape.num_context_tokens + c[6])
+             + c[3] * shape.num_sampled + c[4] * shape.num_context_tokens + c[7])
         if shape.num_tokens > self.native_rows:
-            t += c[5]
+            t += c[6]
+        else:
+            t += c[5] * (shape.num_tokens - 1)
         return t if t > MIN_TIME_S else MIN_TIME_S
 
     def transfer_time(self, src: str, dst: str, num_bytes: int) -> float:

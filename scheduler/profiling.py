@@ -47,7 +47,7 @@ logger = logging.getLogger(__name__)
 # NOTE: bump when the measuring method changes, so caches are refitted (2: co-location
 # slowdowns and each op's sample CoV are measured too; 3: each round runs the cases in a
 # shuffled order)
-SWEEP_VERSION = 3
+SWEEP_VERSION = 4
 FALLBACK_FLOPS_S = 20e9  # compute rate assumed for a device kind never profiled
 HOST = "local"  # the host of every cpu:N device (they share this machine's cores)
 
@@ -57,7 +57,7 @@ class Sweep:
 
     prefill_tokens: tuple[int, ...] = (8, 32, 64, 128, 256, 512)
     chunks: tuple[tuple[int, int], ...] = ((32, 128), (128, 256))  # (new, past)
-    decode_batches: tuple[int, ...] = (1, 4, 16, 32)
+    decode_batches: tuple[int, ...] = (1, 2, 4, 16, 32)  # 1, 2: the native GEMV's rows
     decode_contexts: tuple[int, ...] = (32, 256, 512)
     transfer_tokens: tuple[int, ...] = (1, 16, 64, 256, 1024, 2048)
     repeats: int = 3
@@ -106,7 +106,7 @@ def fallback_coefficients(template: GraphTemplate, bandwidth_bytes_s: float,
         if t.kind is OpKind.EMBED:
             per_token = t.output_bytes(BatchShape(1, 1, 0, 0, 0)) / bandwidth_bytes_s
         fixed = t.weight_bytes / bandwidth_bytes_s
-        return (per_token, per_attn, 0.0, per_sampled, per_context, 0.0, fixed)
+        return (per_token, per_attn, 0.0, per_sampled, per_context, 0.0, 0.0, fixed)
     return coef
 
 

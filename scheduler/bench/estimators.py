@@ -47,7 +47,7 @@ class HeldOut:
 
     prefill_tokens: tuple[int, ...] = (24, 48, 96, 192, 384)
     chunks: tuple[tuple[int, int], ...] = ((48, 160), (96, 384))  # (new, past)
-    decode_batches: tuple[int, ...] = (2, 8, 24)
+    decode_batches: tuple[int, ...] = (3, 8, 24)
     decode_contexts: tuple[int, ...] = (96, 192, 448)
     transfer_tokens: tuple[int, ...] = (4, 48, 192, 640, 1536)
 

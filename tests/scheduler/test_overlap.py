@@ -13,8 +13,8 @@ from executors.types import Device, OpInstance, OpRole, Priority
 from scheduler.estimators import Estimators
 from tests.scheduler.test_estimators import TRUE_LAYERS, _shapes, _time
 
-COEF = {"embed": (2e-7, 0, 0, 0, 0, 0, 5e-5), "layers[0:5]": TRUE_LAYERS,
-        "head": (1e-5, 0, 0, 2e-4, 0, 0, 2e-3)}
+COEF = {"embed": (2e-7, 0, 0, 0, 0, 0, 0, 5e-5), "layers[0:5]": TRUE_LAYERS,
+        "head": (1e-5, 0, 0, 2e-4, 0, 0, 0, 2e-3)}
 SLOWDOWN = {("layers", "layers"): 1.3, ("layers", "head"): 1.1, ("head", "layers"): 1.2,
             ("embed", "layers"): 1.5, ("layers", "embed"): 1.02, ("head", "head"): 1.15}
 HOSTS = {"cpu:0": "h", "cpu:1": "h"}
