@@ -10,7 +10,8 @@ those waiting, and the next decode step of requests of that class decoding
 there, into its batch where that keeps the deadlines; a plan for one device
 where a decode step of its class is in flight waits for that step to end, so
 that its requests ride along, and so do later requests whose best plan would use
-that device); then decode steps,
+that device; a waiting request is not simulated again until a plan in flight ends);
+then decode steps,
 one per class; then low-priority prefills, packed into one plan per device
 of at most as many tokens as keep one layer group well inside the tightest
 SLO, each issued only if the simulation predicts that no request with a TTFT
@@ -74,12 +75,17 @@ class SlicePolicy:
 
     def __init__(self, recorder: Recorder | None = None) -> None:
         self.recorder = recorder  # NOTE: set only by `python -m scheduler bench simulator`
+        # request -> (what its wait depended on, the device it waits for): see `_still_held`
+        self._held: dict[str, tuple[object, str]] = {}
+        self._held_next: dict[str, tuple[object, str]] = {}
 
     def schedule(self, view: RoundView) -> RoundDecision:
         t0 = time.perf_counter()
         draft = Draft(view, self._simulate)
+        self._held_next = {}
         for prio in (Priority.HIGH, Priority.NORMAL):
             self._urgent(draft, prio)
+        self._held = self._held_next
         for r in draft.runnable():
             if len(set(r.placement or ())) > 1 and not r.is_prefilling:
                 draft.attempt([r.rid], partial(self._migrate, draft, r))
@@ -114,14 +120,26 @@ class SlicePolicy:
                 # behind it, so the requests wait and are packed into one batch when a plan
                 # ends (a round follows each end)
                 break
-            placed = draft.attempt([r.rid], partial(self._place, draft, r, waiting[i + 1:],
-                                                    held))
+            placed = self._still_held(draft, r) or draft.attempt(
+                [r.rid], partial(self._place, draft, r, waiting[i + 1:], held))
             if isinstance(placed, str):
                 held.add(placed)  # NOTE: later requests whose best is elsewhere go on
+                self._held_next[r.rid] = (_in_flight(draft.view), placed)
                 draft.hold_back()
             elif placed is False:
                 draft.hold_back()
                 break  # NOTE: nothing fits now; later arrivals of this class wait behind it
+
+    def _still_held(self, draft: Draft, r: RequestView) -> str | None:
+        """The device `r` waited for last round, when the same plans are still in flight and
+        this round has issued nothing yet: ops of those plans ended since (each end is a
+        round), but none of the plans did, so the wait stands and its candidates are not
+        simulated again (a held request would otherwise cost a round's worth of
+        simulations at every op of the decode step it waits for)."""
+        memo = self._held.get(r.rid)
+        if memo is None or draft.decision.plans or memo[0] != _in_flight(draft.view):
+            return None
+        return memo[1]
 
     def _place(self, draft: Draft, r: RequestView, later: list[RequestView],
                held: set[str]) -> bool | str:
@@ -397,3 +415,10 @@ class SlicePolicy:
             return True
         pred = draft.simulate(plan)
         return not pred.oom and not harmed(draft, pred)
+
+
+def _in_flight(view: RoundView) -> object:
+    """The plans in flight, as far as a wait for one of them depends on: the requests in
+    them and which devices run a decode step or a prefill of each class."""
+    return (frozenset(q.rid for q in view.running), view.decode_inflight,
+            frozenset(view.prefill_inflight.items()))

@@ -214,6 +214,26 @@ def test_a_prefill_waits_for_a_decode_step_of_its_class_on_its_device_to_carry_i
     assert [p.placement for p in d.plans] == [on0] and [a.rid for a in d.admissions] == ["hp"]
 
 
+def test_a_held_request_is_not_simulated_again_until_a_plan_in_flight_ends() -> None:
+    hp = req("hp", Priority.HIGH, prompt=40, slo=1.0)
+    on0 = single("cpu:0")
+    dec = req("dec", Priority.HIGH, prompt=20, computed=20, output=1, placement=on0, blocks=2)
+    long1 = (_busy("cpu:1", 0.5, Priority.HIGH),)
+    recorder = Recorder()
+    policy = SlicePolicy(recorder)
+    for step_left in (0.005, 0.003, 0.001):  # ops of dec's step end: a round each
+        view = make_view(waiting=[hp], running=[dec], prefills=_prefilling("cpu:1"),
+                         ops=long1 + (_busy("cpu:0", step_left, Priority.HIGH),))
+        d = policy.schedule(view)
+        assert not d.plans and d.retry_on_progress
+    assert {rnd for rnd, _, _ in recorder.calls} == {0}  # simulated in the first round only
+    # the step ended (dec is runnable again): simulated afresh, and dec rides along
+    d = policy.schedule(make_view(waiting=[hp], runnable=[dec], ops=long1,
+                                  prefills=_prefilling("cpu:1")))
+    assert [f.rid for f in d.plans[0].chunks[0]] == ["hp", "dec"]
+    assert {rnd for rnd, _, _ in recorder.calls} == {0, 3}
+
+
 def test_while_one_request_waits_for_a_decode_step_the_next_may_take_another_device() -> None:
     on0 = single("cpu:0")
     dec = req("dec", Priority.HIGH, prompt=20, computed=20, output=1, placement=on0, blocks=2)
