@@ -151,9 +151,10 @@ async def _accuracy_run(model: Model, est: Estimators, devices: list[Device],
 
 
 def accuracy(model_spec: str, devices: list[Device], repeats: int, calibrate: int = 8
-             ) -> dict[str, float]:
+             ) -> dict[str, Any]:
     """Predict a mixed batch workload before issuing it, then run it for real; medians over
-    `repeats`, each from the start-up fit (profiled, or read back from its cache)."""
+    `repeats`, each from the start-up fit (profiled, or read back from its cache), and
+    every repeat's figures (`runs`: how far identical runs spread)."""
     model = load(model_spec, dtype="bfloat16")
     runs = []
     for _ in range(repeats):
@@ -161,7 +162,7 @@ def accuracy(model_spec: str, devices: list[Device], repeats: int, calibrate: in
         runs.append(asyncio.run(_accuracy_run(model, est, devices, calibrate)))
         gc.collect()
     keys = runs[0].keys()
-    return {k: statistics.median(r[k] for r in runs) for k in keys}
+    return {**{k: statistics.median(r[k] for r in runs) for k in keys}, "runs": runs}
 
 
 def rounds(model_spec: str, devices: list[Device], seconds: float, repeats: int = 1
@@ -275,3 +276,7 @@ def _report(result: dict, num_ops: int, repeats: int) -> None:
         print(f"accuracy: end-to-end predicted {acc['e2e_predicted_s']:.3f} s vs actual "
               f"{acc['e2e_actual_s']:.3f} s (error {acc['e2e_error']:.2%}); per-request MAPE "
               f"{acc['request_mape']:.2%}")
+        for k, r in enumerate(acc["runs"]):
+            print(f"  repeat {k + 1}: predicted {r['e2e_predicted_s']:.3f} s, actual "
+                  f"{r['e2e_actual_s']:.3f} s, error {r['e2e_error']:.2%}, per-request MAPE "
+                  f"{r['request_mape']:.2%}")

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.bench.simulator import _replay, main, speed, synthetic_gmg
+from scheduler.bench.simulator import _replay, _report, main, speed, synthetic_gmg
 from scheduler.policies.slice import Recorder
 from scheduler.simulator import simulate
 
@@ -41,3 +41,13 @@ def test_replay_times_every_round_that_simulated() -> None:
     recorder = Recorder(calls=[(0, snap, None), (0, snap, None), (3, snap, None)])
     assert set(_replay(recorder)) == {0, 3}
     assert "graph" in snap.cache  # built again on its first simulation, then shared
+
+
+def test_the_accuracy_report_shows_every_repeat(capsys: pytest.CaptureFixture[str]) -> None:
+    runs = [{"e2e_actual_s": a, "e2e_predicted_s": 0.5, "e2e_error": abs(0.5 - a) / a,
+             "request_mape": 0.04} for a in (0.52, 0.55)]
+    acc = {"e2e_actual_s": 0.535, "e2e_predicted_s": 0.5, "e2e_error": 0.065,
+           "request_mape": 0.04, "runs": runs}
+    _report({"accuracy": acc}, 200, 2)
+    out = capsys.readouterr().out
+    assert "error 6.50%" in out and "repeat 2: predicted 0.500 s, actual 0.550 s" in out
