@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     p.add_argument("--live-seconds", type=float, default=60.0)
     p.add_argument("--parts", default=",".join(PARTS),
                    help="comma-separated, of: speed (synthetic snapshots, seconds), rounds "
-                        "(a live run replayed, ~2 min), accuracy (~5 min)")
+                        "(a live run replayed, ~6 min), accuracy (~1 min)")
     p.add_argument("--json", type=Path, default=None)
     a = p.parse_args(argv)
     parts = [x.strip() for x in a.parts.split(",") if x.strip()]
