@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 
 # NOTE: bump when the measuring method changes, so caches are refitted (2: co-location
 # slowdowns and each op's sample CoV are measured too; 3: each round runs the cases in a
-# shuffled order)
+# shuffled order; 4: decode batches of 2, for the rows within the native GEMV)
 SWEEP_VERSION = 4
 FALLBACK_FLOPS_S = 20e9  # compute rate assumed for a device kind never profiled
 HOST = "local"  # the host of every cpu:N device (they share this machine's cores)
