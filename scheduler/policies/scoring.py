@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from executors.types import Priority
 from scheduler.calibration import kind_of
 from scheduler.draft import Draft
-from scheduler.plan import Plan
-from scheduler.requestview import RequestView
+from scheduler.plan import Feed, Plan
+from scheduler.requestview import Placement, RequestView
 from scheduler.simulator import Prediction
 
 
@@ -19,6 +19,23 @@ from scheduler.simulator import Prediction
 class Scored:
     plan: Plan
     score: tuple[int, float]  # (deadlines missed, expected first token + `decode_delay`)
+
+
+def score(draft: Draft, r: RequestView, placement: Placement, chunks: list[list[Feed]]
+          ) -> Scored | None:
+    """A candidate for `r` built, simulated and scored: (deadlines missed, its own and
+    those of requests placed before it that it alone would make miss; expected first token
+    + `decode_delay`). None if it runs out of memory."""
+    plan = draft.view.builder.build(Plan(r.priority, placement, chunks))
+    pred = draft.simulate(plan)
+    if pred.oom:
+        return None
+    raw = pred.first_token.get(r.rid, pred.end)
+    first = expected(draft, plan, raw)
+    deadline = r.ttft_deadline
+    missed = (deadline is not None and first > deadline) + harmed(draft, pred)
+    plan.predicted_first_token_s = raw
+    return Scored(plan, (missed, first + decode_delay(draft, plan, pred)))
 
 
 def prefilling(draft: Draft, device: str, prio: Priority) -> bool:

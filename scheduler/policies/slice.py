@@ -45,11 +45,10 @@ from scheduler.policies.common import (
 )
 from scheduler.policies.scoring import (
     Scored,
-    decode_delay,
-    expected,
     grown_plan,
     harmed,
     prefilling,
+    score,
     step_first,
 )
 from scheduler.requestview import Placement, RequestView
@@ -231,32 +230,34 @@ class SlicePolicy:
         tenant waits for. Expected: the simulation's prediction scaled by how far plans of
         its kind missed theirs lately (`expected`).
         """
-        deadline = r.ttft_deadline
         best: Scored | None = None
-        for placement, chunks in self._candidates(draft, r):
-            if not draft.can_admit(r, placement):
-                continue
-            plan = draft.view.builder.build(Plan(r.priority, placement, chunks))
-            pred = draft.simulate(plan)
-            if pred.oom:
-                continue
-            raw = pred.first_token.get(r.rid, pred.end)
-            first = expected(draft, plan, raw)
-            missed = (deadline is not None and first > deadline) + harmed(draft, pred)
-            score = (missed, first + decode_delay(draft, plan, pred))
-            if best is None or score < best.score:
-                plan.predicted_first_token_s = raw
-                best = Scored(plan, score)
+        for ladder in self._candidates(draft, r):
+            last: Scored | None = None
+            for placement, chunks in ladder:
+                if not draft.can_admit(r, placement):
+                    break
+                scored = score(draft, r, placement, chunks)
+                if scored is None:
+                    continue  # NOTE: out of memory; smaller chunks may fit
+                if last is not None and scored.score >= last.score:
+                    break  # NOTE: more chunks than the last count gained nothing: no more
+                last = scored
+                if best is None or scored.score < best.score:
+                    best = scored
         return best
 
-    def _candidates(self, draft: Draft, r: RequestView) -> list[tuple[Placement, list[list[Feed]]]]:
+    def _candidates(self, draft: Draft, r: RequestView) -> list[Ladder]:
+        """Candidates in ladders: a placement unchunked (or a one-device one alone), then as
+        a pipeline of more and more chunks; `_best` climbs a ladder only while each rung
+        scores better than the one below (a pipeline of 4 chunks is simulated only where 2
+        beat the whole prompt at once: the heaviest simulations of a round)."""
         view = draft.view
         budget, n = view.cfg.max_batch_tokens, view.num_ops
         # NOTE: on a device holding a cached prefix the plan feeds only the rest of the prompt
         # (after the cached context), so the simulation weighs the hit against that device's
         # load: the longest cached prefix wins unless its device is busier by more.
         composed = placements(view, draft.load)
-        out = [(p, [[prefill_feed(draft.on(r, p), budget)]]) for p in composed]
+        out: list[Ladder] = [[(p, [[prefill_feed(draft.on(r, p), budget)]])] for p in composed]
         todo = min(budget, r.num_tokens - r.num_computed)
         if len(view.devices) < 2 or todo < MIN_PIPELINE_TOKENS or r.cached:
             # NOTE: a cached prefix serves only a placement on the one device holding it
@@ -265,20 +266,16 @@ class SlicePolicy:
             return out
         # NOTE: with operator replicas, a placement over several devices pays off as a
         # chunked pipeline: a chunk's later operators overlap the next chunk's earlier ones
-        for placement in [p for p in composed if len(set(p)) > 1]:
-            for k in CHUNK_COUNTS:
-                if todo >= k * MIN_PIPELINE_TOKENS // 2:
-                    out.append((placement, chunk_feeds(r, -(-todo // k), k)))
+        for ladder in out:
+            if len(set(ladder[0][0])) > 1:
+                ladder += _pipelines(r, ladder[0][0], todo)
         a, b = sorted(view.devices, key=lambda d: (draft.load(d), d))[:2]
         at = 1 + (n - 2) // 2  # embed + first half of the layer groups
         for first, second in ((a, b), (b, a)):
             placement = split(first, second, at, n)
             if not view.allows(placement):
                 continue  # NOTE: with replicas, `placements` composes the splits they allow
-            out.append((placement, [[prefill_feed(r, budget)]]))
-            for k in CHUNK_COUNTS:
-                if todo >= k * MIN_PIPELINE_TOKENS // 2:
-                    out.append((placement, chunk_feeds(r, -(-todo // k), k)))
+            out.append([(placement, [[prefill_feed(r, budget)]]), *_pipelines(r, placement, todo)])
         return out
 
     # -- decode ------------------------------------------------------------------------------
@@ -415,6 +412,15 @@ class SlicePolicy:
             return True
         pred = draft.simulate(plan)
         return not pred.oom and not harmed(draft, pred)
+
+
+Ladder = list[tuple[Placement, list[list[Feed]]]]  # candidates, each with more chunks
+
+
+def _pipelines(r: RequestView, placement: Placement, todo: int) -> Ladder:
+    """`placement` as chunked pipelines of `todo` tokens, by increasing chunk count."""
+    return [(placement, chunk_feeds(r, -(-todo // k), k)) for k in CHUNK_COUNTS
+            if todo >= k * MIN_PIPELINE_TOKENS // 2]
 
 
 def _in_flight(view: RoundView) -> object:

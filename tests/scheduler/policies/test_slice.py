@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from executors.interference import OP_CLASSES, Interference
 from executors.types import Priority
+from models.batch import BatchShape
 from scheduler.calibration import ONE_DEVICE, PIPELINE, SPLIT
 from scheduler.gmg import DeviceView, SimOp
+from scheduler.plan import Builder
 from scheduler.policies import make_policy
+from scheduler.policies import slice as slice_policy
+from scheduler.policies.scoring import score
 from scheduler.policies.slice import Recorder, SlicePolicy
+from tests.scheduler.cluster import weightless
+from tests.scheduler.conftest import linear_time, xfer_time
 from tests.scheduler.views import make_view, req, single
 
 
@@ -190,6 +198,38 @@ def test_a_long_prompt_is_split_only_while_splits_run_as_fast_as_predicted() -> 
 
     assert devices({}) == 2
     assert devices({ONE_DEVICE: 1.0, SPLIT: 1.6, PIPELINE: 1.6}) == 1  # as measured (README)
+
+
+def test_more_chunks_are_simulated_only_while_each_count_beats_the_one_before(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    scored: list[tuple[tuple[str, ...], int, tuple[int, float]]] = []
+    policy = SlicePolicy()
+
+    def spy(draft, r, placement, chunks):  # type: ignore[no-untyped-def]
+        out = score(draft, r, placement, chunks)
+        scored.append((placement, len(chunks), out.score if out else (9, 0.0)))
+        return out
+
+    monkeypatch.setattr(slice_policy, "score", spy)
+
+    def fixed_heavy(device: str, name: str, shape: BatchShape) -> float:
+        return 20e-3 + 1e-5 * shape.num_tokens  # chunks cost their ops' fixed time again
+
+    for prompt, cost in ((480, linear_time), (300, fixed_heavy)):
+        view = make_view(waiting=[req(f"p{prompt}", Priority.HIGH, prompt=prompt, slo=10.0)])
+        builder = Builder(weightless().template, view.cfg.block_size, cost, xfer_time)
+        policy.schedule(dataclasses.replace(view, builder=builder))
+    ladders: list[list[tuple[int, tuple[int, float]]]] = []
+    for _, n, sc in scored:  # NOTE: a ladder's rungs are scored one after another
+        if n == 1:
+            ladders.append([])
+        ladders[-1].append((n, sc))
+    stopped = 0
+    for rungs in ladders:
+        for i in range(2, len(rungs)):  # a rung is climbed only past one that improved
+            assert rungs[i - 1][1] < rungs[i - 2][1]
+        stopped += len(rungs) == 2 and rungs[1][1] >= rungs[0][1]  # no 4-chunk simulated
+    assert stopped and any(len(rungs) == 3 for rungs in ladders)  # both ways occur here
 
 
 def test_a_prefill_waits_for_a_decode_step_of_its_class_on_its_device_to_carry_it() -> None:
