@@ -122,3 +122,15 @@ def harmed(draft: Draft, pred: Prediction) -> int:
         if before is not None and before <= deadline:
             n += 1  # this plan alone would make it miss
     return n
+
+
+def harmless(draft: Draft, plan: Plan) -> bool:
+    """True unless the plan would make a request with a TTFT deadline miss it.
+
+    NOTE: KV pools are reserved whole at start-up and admission is checked against
+    them, so the simulated memory that can overflow is activations.
+    """
+    if not draft.snapshot().deadlines:
+        return True
+    pred = draft.simulate(plan)
+    return not pred.oom and not harmed(draft, pred)

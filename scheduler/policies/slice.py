@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from executors.types import Priority
-from models.batch import BatchShape
 from scheduler.decision import RoundDecision
 from scheduler.draft import Draft
 from scheduler.gmg import Snapshot
@@ -35,19 +34,18 @@ from scheduler.plan import Feed, Plan
 from scheduler.policies.common import (
     chunk_feeds,
     decode_plans,
-    fair_order,
     issue_plan,
-    placed,
     placements,
     preempt_for,
     prefill_feed,
     single,
     split,
 )
+from scheduler.policies.lowfill import fill_low
 from scheduler.policies.scoring import (
     Scored,
     grown_plan,
-    harmed,
+    harmless,
     prefilling,
     score,
     step_first,
@@ -91,7 +89,7 @@ class SlicePolicy:
                 draft.attempt([r.rid], partial(self._migrate, draft, r))
         for plan in decode_plans(draft, lambda r: r.priority):
             draft.attempt(plan.rids, partial(self._decode, draft, plan))
-        self._low(draft)
+        fill_low(draft)
         if self.recorder is not None:
             self.recorder.round_s.append(time.perf_counter() - t0)
             self.recorder.round += 1
@@ -309,110 +307,12 @@ class SlicePolicy:
 
     def _decode(self, draft: Draft, plan: Plan) -> None:
         draft.view.builder.build(plan)
-        if plan.priority < Priority.LOW or self._harmless(draft, plan):
+        if plan.priority < Priority.LOW or harmless(draft, plan):
             draft.issue(plan)
         else:
             draft.hold_back()
 
     # -- low ---------------------------------------------------------------------------------
-    def _low(self, draft: Draft) -> None:
-        if any(draft.num_waiting(p) and not all(prefilling(draft, d, p) for d in
-                                                draft.view.devices)
-               for p in (Priority.HIGH, Priority.NORMAL)):
-            # NOTE: urgent requests wait for memory; do not let low work take it (those that
-            # wait only for a prefill of their class to end leave low work the gaps)
-            return
-        going = sorted((r for r in draft.runnable()
-                        if r.priority == Priority.LOW and r.is_prefilling),
-                       key=lambda r: r.arrival_s)
-        if not going and not draft.num_waiting(Priority.LOW):
-            return
-        for d in sorted(draft.view.devices, key=lambda d: (draft.load(d), d)):
-            if not draft.prefills(d, Priority.LOW):
-                mine = [r for r in going if r.placement and r.placement[0] == d]
-                self._fill_low(draft, d, mine)
-
-    def _fill_low(self, draft: Draft, device: str, going: list[RequestView]) -> None:
-        """One low-priority prefill plan on `device`, packed up to the chunk budget.
-
-        Its requests' unfinished prompts first, then waiting requests whose KV fits. The
-        plan is issued only if harmless; if the packed plan is not, its first feed alone.
-        """
-        placement = going[0].placement if going else placed(draft.view, draft.load, device)
-        if placement is None or placement[0] != device:
-            return  # NOTE: no replica of the first operator here; its holder fills itself
-        going = [r for r in going if r.placement == placement]
-        budget = self._lp_budget(draft, device, max((r.num_computed for r in going), default=0))
-        feeds: list[Feed] = []
-        used, blocks = 0, 0
-        newcomers: set[str] = set()
-        for r in going:
-            if used >= budget:
-                break
-            feeds.append(prefill_feed(r, budget - used))
-            used += feeds[-1].num_tokens
-        for r in fair_order(draft.waiting(Priority.LOW),
-                            draft.view.service.get(Priority.LOW, {})):
-            need = draft.admission_blocks(r, placement)
-            if used >= budget or blocks + need > min(draft.room(d) for d in set(placement)):
-                break
-            blocks += need
-            newcomers.add(r.rid)
-            feeds.append(prefill_feed(draft.on(r, placement), budget - used))
-            used += feeds[-1].num_tokens
-        for trial in ([feeds, feeds[:1]] if len(feeds) > 1 else [feeds]):
-            if not trial:
-                continue
-            try_it = partial(self._try_low, draft, placement, trial, newcomers)
-            if draft.attempt([f.rid for f in trial], try_it):
-                return
-        if feeds:
-            draft.hold_back()
-
-    def _try_low(self, draft: Draft, placement: Placement, feeds: list[Feed],
-                 newcomers: set[str]) -> bool:
-        plan = draft.view.builder.build(Plan(Priority.LOW, placement, [feeds]))
-        if not self._harmless(draft, plan):
-            return False
-        for f in feeds:
-            if f.rid in newcomers:
-                draft.admit(f.req, plan.placement)
-        draft.issue(plan)
-        return True
-
-    def _lp_budget(self, draft: Draft, device: str, past: int) -> int:
-        """Most prefill tokens in one low-priority plan: its slowest layer group must stay
-        within a fraction of the tightest SLO (a high-priority op waits at most that)."""
-        view = draft.view
-        bound = view.cfg.lp_op_slo_fraction * self._tightest_slo(draft)
-        group = view.builder.template.layer_groups[0].name
-        lo, hi = view.cfg.min_lp_chunk_tokens, view.cfg.max_batch_tokens
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            shape = BatchShape(mid, 1, 1, mid * (past + mid), past + mid)
-            if view.builder.op_time(device, group, shape) <= bound:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
-
-    def _tightest_slo(self, draft: Draft) -> float:
-        slos = [r.ttft_slo_s for r in draft.runnable() if r.ttft_slo_s is not None]
-        slos += [r.ttft_slo_s for p in (Priority.HIGH, Priority.NORMAL)
-                 for r in draft.waiting(p) if r.ttft_slo_s is not None]
-        slos.append(draft.view.tightest_slo_s)
-        return min(slos)
-
-    def _harmless(self, draft: Draft, plan: Plan) -> bool:
-        """True unless the plan would make a request with a TTFT deadline miss it.
-
-        NOTE: KV pools are reserved whole at start-up and admission is checked against
-        them, so the simulated memory that can overflow is activations.
-        """
-        if not draft.snapshot().deadlines:
-            return True
-        pred = draft.simulate(plan)
-        return not pred.oom and not harmed(draft, pred)
 
 
 Ladder = list[tuple[Placement, list[list[Feed]]]]  # candidates, each with more chunks
