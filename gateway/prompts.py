@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from jinja2 import TemplateError
+from transformers import PreTrainedTokenizerBase
 
 from gateway.engine import Engine
 from gateway.errors import invalid
@@ -17,7 +18,7 @@ def tokenize_completion(engine: Engine, prompts: tuple[Prompt, ...]) -> list[lis
     for i, prompt in enumerate(prompts):
         param = f"prompt[{i}]" if len(prompts) > 1 else "prompt"
         if isinstance(prompt, str):
-            ids = list(engine.tokenizer.encode(prompt, add_special_tokens=True))
+            ids = encode(engine.tokenizer, prompt)
             if not ids:
                 raise invalid(param, f"'{param}' tokenizes to no tokens.", code="empty_prompt")
         else:
@@ -28,6 +29,18 @@ def tokenize_completion(engine: Engine, prompts: tuple[Prompt, ...]) -> list[lis
                                      f"vocabulary (size {engine.vocab_size}).")
         out.append(ids)
     return out
+
+
+def encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    """Token ids of `text` with special tokens (BOS), as `tokenizer.encode` gives them.
+
+    NOTE: straight through a fast tokenizer's Rust backend where there is one: the same
+    ids, without the batch call (a thread pool woken per prompt) that made a 16-token
+    prompt cost ~0.25 ms in the server against ~0.02 ms here."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        return list(backend.encode(text, add_special_tokens=True).ids)
+    return list(tokenizer.encode(text, add_special_tokens=True))
 
 
 def tokenize_chat(engine: Engine, messages: tuple[ChatMessage, ...]) -> list[int]:
