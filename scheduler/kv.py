@@ -65,6 +65,7 @@ class KVManager:
         self.swapped: dict[str, Swapped] = {}
         self.host_swap_bytes = host_swap_bytes  # budget of host memory for swapped KV
         self.pinned: dict[str, dict[str, list[int]]] = {}  # rid -> device -> cached blocks
+        self._swap_block_bytes: int | None = None  # host bytes of one block (swap_bytes)
 
     # -- blocks ------------------------------------------------------------------------------
     def blocks_needed(self, device: str, num_tokens: int) -> int:
@@ -180,9 +181,10 @@ class KVManager:
     def swap_bytes(self, num_tokens: int) -> int:
         """Host bytes holding `num_tokens` tokens of KV (whole blocks, every layer)."""
         pool = next(iter(self.pools.values()))
-        # NOTE: storage blocks, not the allocator's (a provisioned pool may use fewer)
-        per_block = pool.num_bytes // pool.keys[pool.layers[0]].shape[1]
-        return blocks_for(num_tokens, pool.block_size) * per_block
+        if self._swap_block_bytes is None:  # NOTE: a sum over every layer's tensors: once
+            # NOTE: storage blocks, not the allocator's (a provisioned pool may use fewer)
+            self._swap_block_bytes = pool.num_bytes // pool.keys[pool.layers[0]].shape[1]
+        return blocks_for(num_tokens, pool.block_size) * self._swap_block_bytes
 
     @property
     def host_free_bytes(self) -> int:

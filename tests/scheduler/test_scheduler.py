@@ -61,6 +61,22 @@ async def test_lone_long_prefill_is_pipelined_over_both_devices(tiny_model: mode
     assert any(e["role"] == "send" for e in sched.timeline(0.0))
 
 
+async def test_ops_are_booked_after_their_tokens_and_listed_when_read(
+        tiny_model: models.Model) -> None:
+    sched = make_scheduler(tiny_model, "slice")
+    await sched.start()
+    try:
+        tokens, _ = await _collect(sched, Request("b", "t", Priority.HIGH, [5, 6, 7], GREEDY))
+        booked = len(sched.books.since(0.0))  # NOTE: the last step's ops wait a moment
+        listed = len(sched.timeline(0.0))  # ... and a reader books them first
+        await asyncio.sleep(0.05)
+        later = len(sched.timeline(0.0))
+    finally:
+        await sched.stop()
+    assert len(tokens) == GREEDY.max_tokens
+    assert booked < listed == later
+
+
 async def test_abort_frees_kv_and_removes_queued_ops(tiny_model: models.Model) -> None:
     sched = make_scheduler(tiny_model, "fcfs")
     await sched.start()
