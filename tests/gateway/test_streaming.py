@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
+import orjson
 import pytest
 
 from tests.gateway.harness import EngineFactory, Harness, make_config, running, sse_events
@@ -79,3 +81,54 @@ async def test_error_mid_stream(make_engine: EngineFactory) -> None:
         assert response.status_code == 500
         assert response.json()["error"]["code"] == "generation_error"
         assert h.fake.kv_blocks_in_use == 0
+
+
+async def _body_messages(h: Harness, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The `http.response.body` messages the app sends for one POST /v1/completions."""
+    raw = orjson.dumps(body)
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": "/v1/completions",
+             "raw_path": b"/v1/completions", "query_string": b"", "root_path": "",
+             "headers": [(b"host", b"gateway"), (b"content-type", b"application/json"),
+                         (b"content-length", str(len(raw)).encode())],
+             "client": ("127.0.0.1", 1), "server": ("gateway", 80)}
+    requests = [{"type": "http.request", "body": raw, "more_body": False}]
+    sent: list[dict[str, Any]] = []
+    done = asyncio.Event()
+
+    async def receive() -> dict[str, Any]:
+        if requests:
+            return requests.pop(0)
+        await done.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+        if message["type"] == "http.response.body" and not message.get("more_body"):
+            done.set()
+
+    await h.app(scope, receive, send)
+    return [m for m in sent if m["type"] == "http.response.body"]
+
+
+@pytest.mark.parametrize("usage", [False, True])
+async def test_the_last_chunk_and_done_end_the_response_in_one_message(
+        gateway: Harness, usage: bool) -> None:
+    body = {"prompt": "Hello", "max_tokens": 3, "stream": True,
+            "stream_options": {"include_usage": usage}}
+    messages = await _body_messages(gateway, body)
+    *tokens, last = messages
+    assert last["more_body"] is False  # NOTE: no empty message after [DONE]
+    assert all(m["more_body"] for m in tokens)
+    events = sse_events(last["body"].decode())
+    assert events[-1] == "[DONE]"
+    assert events[0]["choices"][0]["finish_reason"] == "length"
+    assert ("usage" in events[1]) is usage and len(events) == 2 + usage
+    assert all(sse_events(m["body"].decode())[0]["choices"][0]["finish_reason"] is None
+               for m in tokens)
+
+
+async def test_each_choice_still_ends_in_its_own_chunk(gateway: Harness) -> None:
+    events = await _stream(gateway, prompt=["one", "two"], max_tokens=2)
+    finishes = [(e["choices"][0]["index"], e["choices"][0]["finish_reason"]) for e in events]
+    assert sorted(f for f in finishes if f[1] is not None) == [(0, "length"), (1, "length")]
