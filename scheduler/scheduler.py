@@ -103,6 +103,7 @@ class Scheduler:
         self.tightest_slo_s: float | None = None  # smallest TTFT SLO among requests seen
         self.profiler: PairProfiler | None = None  # profiles pairs the estimators lack
         self._retry_on_progress = False  # the last round held work back (see RoundDecision)
+        self._submitted = False  # a request came since the last round
         self._wake = asyncio.Event()
         self._done: deque[OpInstance] = deque()  # completions not handled yet (any thread)
         self._booked: list[OpInstance] = []  # handled ops awaiting estimator and timeline
@@ -150,10 +151,13 @@ class Scheduler:
     async def _loop(self) -> None:
         while True:
             await self._wake.wait()
-            # NOTE: one more turn of the loop first: a request just submitted sets up its
-            # stream (tasks, first awaits) before its first op is issued, not during it,
-            # where that Python held the GIL from the executor's op (+0.4 ms per request)
-            await asyncio.sleep(0)
+            if self._submitted:
+                # NOTE: one more turn of the loop first: a request just submitted sets up
+                # its stream (tasks, first awaits) before its first op is issued, not
+                # beside it, holding the GIL from the executor's op. Not after a step:
+                # its next step goes out before the step's tokens do.
+                self._submitted = False
+                await asyncio.sleep(0)
             self._wake.clear()
             self._round()
 
@@ -175,6 +179,7 @@ class Scheduler:
         if request.ttft_slo_s is not None:
             self.tightest_slo_s = min(self.tightest_slo_s or request.ttft_slo_s,
                                       request.ttft_slo_s)
+        self._submitted = True
         self._wake.set()
         return self._stream(state)
 
