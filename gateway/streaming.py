@@ -102,10 +102,12 @@ async def sse_body(job: Job, prompt_param: str,
                 yield sse(envelope(f"Generation failed: {delta.error} (request id {fmt.id})",
                                    "server_error", code="generation_error"))
                 break
+            if not (delta.text or delta.finish_reason):
+                continue
             unfinished -= delta.finish_reason is not None
-            if (delta.text or delta.finish_reason) and unfinished:
+            if unfinished:
                 yield sse(fmt.chunk(delta))
-            elif delta.text or delta.finish_reason:
+            else:
                 tail = sse(fmt.chunk(delta))
         else:
             if fmt.include_usage:
