@@ -10,6 +10,7 @@ import models
 from executors.types import Priority
 from models.generate import generate
 from models.sampling_params import SamplingParams
+from scheduler import scheduler as scheduler_module
 from scheduler.ieg import FinishReason, Overloaded, Request, RequestTooLarge
 from scheduler.policies import POLICIES
 from tests.scheduler.conftest import make_scheduler
@@ -61,20 +62,24 @@ async def test_lone_long_prefill_is_pipelined_over_both_devices(tiny_model: mode
     assert any(e["role"] == "send" for e in sched.timeline(0.0))
 
 
+@pytest.mark.parametrize("delay_s", [60.0, scheduler_module.BOOK_AFTER_S])
 async def test_ops_are_booked_after_their_tokens_and_listed_when_read(
-        tiny_model: models.Model) -> None:
+        tiny_model: models.Model, monkeypatch: pytest.MonkeyPatch, delay_s: float) -> None:
+    monkeypatch.setattr(scheduler_module, "BOOK_AFTER_S", delay_s)
     sched = make_scheduler(tiny_model, "slice")
     await sched.start()
     try:
         tokens, _ = await _collect(sched, Request("b", "t", Priority.HIGH, [5, 6, 7], GREEDY))
-        booked = len(sched.books.since(0.0))  # NOTE: the last step's ops wait a moment
-        listed = len(sched.timeline(0.0))  # ... and a reader books them first
-        await asyncio.sleep(0.05)
-        later = len(sched.timeline(0.0))
+        await asyncio.sleep(0.2)
+        booked = len(sched.books.since(0.0))  # what the timer booked by itself
+        listed = len(sched.timeline(0.0))  # a reader books what is pending first
     finally:
         await sched.stop()
     assert len(tokens) == GREEDY.max_tokens
-    assert booked < listed == later
+    if delay_s > 1:  # the last step's ops still wait for their timer
+        assert booked < listed
+    else:
+        assert booked == listed
 
 
 async def test_abort_frees_kv_and_removes_queued_ops(tiny_model: models.Model) -> None:
