@@ -144,12 +144,22 @@ async def test_ctrl_c_stops_sending_then_cancels(tiny_model_dir: Path,
     with live_gateway(tiny_model_dir, token_delay_s=0.05) as gw:
         tenants = parse_tenants(["ide:sk-ide:rate=50,prompt=8,gen=400,requests=1000"])
         config = ReplayConfig(gw.url, tuple(tenants), drain_timeout_s=60, handle_signals=True)
-        loop = asyncio.get_running_loop()
-        loop.call_later(0.4, os.kill, os.getpid(), signal.SIGINT)  # stop sending
-        loop.call_later(0.8, os.kill, os.getpid(), signal.SIGINT)  # cancel what is in flight
+
+        async def interrupt() -> None:
+            # NOTE: by what the server holds, not by a timer: a slow start sends nothing
+            # for a while, and a timer would then interrupt before anything was in flight
+            deadline = time.monotonic() + 10
+            while gw.fake.num_requests < 5 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            os.kill(os.getpid(), signal.SIGINT)  # stop sending
+            await asyncio.sleep(0.4)
+            os.kill(os.getpid(), signal.SIGINT)  # cancel what is in flight
+
         started = time.monotonic()
+        ctrl_c = asyncio.create_task(interrupt())
         result = await replay(config, prompts.text)
-        assert time.monotonic() - started < 10
+        await ctrl_c
+        assert time.monotonic() - started < 15
     assert result.interrupted and result.stopped_early
     assert 5 <= len(result.records) < 1000
     assert all(r.error == CANCELLED for r in result.records)

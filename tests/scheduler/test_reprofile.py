@@ -44,7 +44,8 @@ async def test_a_fit_without_the_pair_serves_and_profiles_it(tiny_model_dir: Pat
 
 
 async def test_a_drifted_kind_is_profiled_again_when_the_devices_are_idle(
-        tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
     # NOTE: the tiny model's ops take microseconds, whose drifts re-profile nothing (the floor
     # has its own test); here the drift must count
     monkeypatch.setattr(estimators, "DRIFT_MIN_S", 0.0)
@@ -76,9 +77,11 @@ async def test_a_drifted_kind_is_profiled_again_when_the_devices_are_idle(
         t0 = sched.clock()
         for k in range(layers.window + layers.refit_every):
             est.observe_op("cpu:0", name, shape, true_s, at=t0 + 0.01 * k)
+        assert est.drift.fired[-1:] == ["cpu"], caplog.text  # handed out at once
         assert sched.profiler is not None
         await sched.profiler.idle()
-        assert sched.profiler.kinds_done == ["cpu"]
+        assert sched.profiler.failures == 0, caplog.text
+        assert sched.profiler.kinds_done == ["cpu"], caplog.text
         assert 0.5 < layers.level < 2.0  # measured against the new profile
         assert est.op_time("cpu:0", name, shape) == pytest.approx(true_s, rel=0.5)
         assert sched.stats().reprofiles == {"cpu": 1}
