@@ -66,7 +66,7 @@ def per_op_seconds(model: Model, batch: Batch, kv: KVCache) -> list[float]:
 def _floors(model: Model, w: FloorWeights, rows: int, sampled: int,
             attn: list[AttnShape]) -> dict[str, Callable[[], object]]:
     c = model.config
-    return {b: floor_fn(w, b, rows, sampled, attn, c.num_kv_heads, c.head_dim, model.dtype)
+    return {b: floor_fn(w, b, rows, sampled, attn, c.num_kv_heads, c.head_dim)
             for b in floor_backends(w, rows)}
 
 

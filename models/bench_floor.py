@@ -8,7 +8,8 @@ prefill's full n x n, or each decode batch's padded context; both at least
 the work the chain does), and lm_head over the sampled rows. Each GEMM
 backend (aten, oneDNN pre-packed, and the native GEMV at up to 8 rows) is
 timed and the fastest one is the floor, so a slow backend choice cannot
-flatter the ratio.
+flatter the ratio; for a half-precision model also every backend on float32
+copies of the weights, inputs and attention (the `upcast` GEMMs' arithmetic).
 
 Weight streaming: the bytes one decode step must read (every linear weight
 and lm_head) divided by the bandwidth of a plain memory copy of that size,
@@ -39,21 +40,38 @@ class FloorWeights:
 
     layers: dict[str, list[list[Linear]]]  # backend -> per layer [qkv, o, gate, up, down]
     head: dict[str, Linear]
+    dtypes: dict[str, torch.dtype]  # backend -> the dtype its matmuls run in
 
     @classmethod
     def of(cls, model: Model) -> FloorWeights:
         plain = [w.linears() for op in model.ops if isinstance(op, LayerGroupOp)
                  for w in op.layers]
         head = next(op for op in model.ops if isinstance(op, HeadOp)).lm_head
-        choices = {"aten": GemmChoice("aten")}
-        if onednn_available(model.dtype):
-            choices["onednn"] = GemmChoice("onednn")
-        if native.supports(model.dtype):
-            choices["native"] = GemmChoice("aten", native_rows=NATIVE_MAX_ROWS)
-        layers = {k: [[Linear.build(lin.plain(), lin.bias, c) for lin in lay] for lay in plain]
-                  for k, c in choices.items()}
-        heads = {k: Linear.build(head.plain(), None, c) for k, c in choices.items()}
-        return cls(layers, heads)
+        dtypes = [model.dtype] + ([torch.float32] if model.dtype != torch.float32 else [])
+        choices = {k: (c, dt) for dt in dtypes for k, c in _choices(dt, dt != model.dtype)}
+        layers = {k: [[_cast(lin, dt) for lin in lay] for lay in plain]
+                  for k, (_, dt) in choices.items()}
+        layers = {k: [[Linear.build(lin.plain(), lin.bias, c) for lin in lay]
+                      for lay in layers[k]] for k, (c, _) in choices.items()}
+        heads = {k: Linear.build(_cast(head, dt).plain(), None, c)
+                 for k, (c, dt) in choices.items()}
+        return cls(layers, heads, {k: dt for k, (_, dt) in choices.items()})
+
+
+def _choices(dtype: torch.dtype, upcast: bool) -> list[tuple[str, GemmChoice]]:
+    """(floor name, backend) of every backend for matmuls in `dtype`."""
+    out = [("aten", GemmChoice("aten"))]
+    if onednn_available(dtype):
+        out.append(("onednn", GemmChoice("onednn")))
+    if native.supports(dtype):
+        out.append(("native", GemmChoice("aten", native_rows=NATIVE_MAX_ROWS)))
+    return [(f"{k}+fp32" if upcast else k, c) for k, c in out]
+
+
+def _cast(lin: Linear, dtype: torch.dtype) -> Linear:
+    """A plain linear of `lin`'s weights in `dtype`."""
+    bias = lin.plain_bias()
+    return Linear(lin.plain().to(dtype), None if bias is None else bias.to(dtype), False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,9 +84,9 @@ class AttnShape:
 
 
 def floor_fn(w: FloorWeights, backend: str, rows: int, sampled: int, attn: list[AttnShape],
-             num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> Callable[[], None]:
-    """The case's matmuls alone on one backend."""
-    layers, head = w.layers[backend], w.head[backend]
+             num_kv_heads: int, head_dim: int) -> Callable[[], None]:
+    """The case's matmuls alone on one backend (in its dtype: see `FloorWeights.dtypes`)."""
+    layers, head, dtype = w.layers[backend], w.head[backend], w.dtypes[backend]
     xs = {k: torch.randn(rows, k).to(dtype) for k in {lin.weight.shape[1] for lin in layers[0]}}
     h = torch.randn(sampled, head.weight.shape[1]).to(dtype)
     qs = [torch.randn(num_kv_heads, a.groups, a.rows, head_dim).to(dtype) for a in attn]
@@ -88,7 +106,7 @@ def floor_fn(w: FloorWeights, backend: str, rows: int, sampled: int, attn: list[
 
 
 def floor_backends(w: FloorWeights, rows: int) -> list[str]:
-    return [k for k in w.layers if k != "native" or rows <= NATIVE_MAX_ROWS]
+    return [k for k in w.layers if not k.startswith("native") or rows <= NATIVE_MAX_ROWS]
 
 
 def streamed_bytes(model: Model) -> int:

@@ -23,14 +23,25 @@ class GemmChoice:
     backend: str = "aten"  # "aten": F.linear on plain weights | "onednn": pre-packed weights
     pack_rows: int | None = None  # onednn: the batch-size hint its weight layout is packed for
     native_rows: int = 0  # inputs of up to this many rows run the native GEMV instead
+    # a half-precision model's GEMMs on float32 copies of its weights (inputs cast up,
+    # outputs cast back): on a CPU without bf16 arithmetic that is faster (see linear.py)
+    upcast: bool = False
+    half_rows: int = 0  # upcast: inputs of up to this many rows run on the model-dtype weights
 
     def __post_init__(self) -> None:
         if self.backend not in GEMM_BACKENDS:
             raise ValueError(f"unknown GEMM backend {self.backend!r}")
 
     @property
+    def few_rows(self) -> int:
+        """Rows up to which inputs take a few-row path (the native GEMV, or `half_rows`)."""
+        return max(self.native_rows, self.half_rows)
+
+    @property
     def name(self) -> str:
         out = self.backend if self.pack_rows is None else f"{self.backend}@{self.pack_rows}"
+        out += "+fp32" if self.upcast else ""
+        out += f"+half<={self.half_rows}" if self.half_rows else ""
         return out + (f"+native<={self.native_rows}" if self.native_rows else "")
 
 
@@ -72,7 +83,8 @@ class KernelChoice:
     def to_dict(self) -> dict[str, Any]:
         g, lay = self.gemm, self.layer
         return {"gemm": {"backend": g.backend, "pack_rows": g.pack_rows,
-                         "native_rows": g.native_rows},
+                         "native_rows": g.native_rows, "upcast": g.upcast,
+                         "half_rows": g.half_rows},
                 "layer": {"matmul_max_scores": lay.matmul_max_scores, "decode": lay.decode,
                           "norm_rope": lay.norm_rope, "decode_layer": lay.decode_layer,
                           "pad_rows": lay.pad_rows}}

@@ -16,7 +16,7 @@ from models.ops import HeadOp, LayerGroupOp, Op
 
 
 def _relayout(lin: Linear, gemm: GemmChoice) -> Linear:
-    return Linear.build(lin.plain(), lin.bias, gemm)
+    return Linear.build(lin.plain(), lin.plain_bias(), gemm)
 
 
 def layer_for(w: LayerWeights, gemm: GemmChoice) -> LayerWeights:
@@ -28,8 +28,8 @@ def layer_for(w: LayerWeights, gemm: GemmChoice) -> LayerWeights:
 
 def _head(op: HeadOp, gemm: GemmChoice, tied: bool) -> HeadOp:
     lm_head = _relayout(op.lm_head, gemm)
-    # a tied lm_head re-laid out no longer shares the embedding's memory: count it
-    extra = lm_head.nbytes if tied and lm_head.packed else 0
+    # a tied lm_head re-laid out (or upcast) no longer shares the embedding's memory: count it
+    extra = lm_head.nbytes if tied and (lm_head.packed or lm_head.upcast) else 0
     norm_bytes = op.norm.numel() * op.norm.element_size()
     own = norm_bytes + (0 if tied else lm_head.nbytes)
     return replace(op, lm_head=lm_head, template=replace(op.template, weight_bytes=own + extra))

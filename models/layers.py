@@ -156,7 +156,7 @@ def whole_layer_native(batch: Batch, w: LayerWeights, choice: LayerChoice) -> bo
     """A decode-only batch within the native GEMV's rows runs each layer as one native call."""
     g = batch.decode
     return (choice.decode_layer == "native" and g is not None and not batch.prefills
-            and len(g.rows) <= w.qkv.native_rows)
+            and len(g.rows) <= w.qkv.native_rows and not w.qkv.upcast)
 
 
 def native_decoder_layer(x: torch.Tensor, w: LayerWeights, dims: AttnDims, cos: torch.Tensor,

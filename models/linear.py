@@ -11,6 +11,15 @@
 - inputs of at most `native_rows` rows (decode steps) run the native GEMV of
   `models.native` over a plain copy of the weight, epilogues fused likewise.
 
+With `upcast`, a half-precision model's weight is kept as a float32 copy (exact:
+every bf16 value is a float32 one) and any of the above runs in float32, the
+input (and an epilogue's operand) cast up and the output cast back to the
+model's dtype. On a CPU without bf16 arithmetic (AVX2 only), aten's bf16 GEMMs
+ran 3-7x slower than float32 ones at 16-512 rows; on one with it, the bf16
+GEMMs win. A decode step of a row or two streams the weights, and float32
+weights are twice the bytes: inputs of up to `half_rows` rows run aten on a
+copy in the model's dtype kept beside them (`half`).
+
 Which backend is fastest differs between CPUs (AMX, AVX512-BF16, AVX2 only)
 and dtypes; `models.tuning` measures it at start-up.
 """
@@ -48,6 +57,9 @@ class Linear:
     packed: bool
     native_rows: int = 0  # inputs of up to this many rows run the native GEMV
     rows_major: torch.Tensor | None = None  # [N, K] plain, for the native GEMV when packed
+    out_dtype: torch.dtype | None = None  # upcast: the model's dtype (weights are float32)
+    half: Linear | None = None  # upcast: plain aten in the model's dtype, for few rows
+    half_rows: int = 0  # upcast: inputs of up to this many rows run `half`
 
     @classmethod
     def build(cls, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -55,12 +67,24 @@ class Linear:
         """`weight` [N, K] laid out for `choice` (CPU only; elsewhere always aten)."""
         if weight.device.type != "cpu":
             return cls(weight, bias, False)
+        out_dtype, half = None, None
+        if choice.upcast and weight.dtype != torch.float32:
+            if choice.half_rows:
+                half = cls(weight.contiguous(), bias, False)
+            out_dtype, weight = weight.dtype, weight.float()
+            bias = None if bias is None else bias.float()
         weight = weight.contiguous()
+        half_rows = choice.half_rows if half is not None else 0
         if choice.backend != "onednn":
-            return cls(weight, bias, False, choice.native_rows)
+            return cls(weight, bias, False, choice.native_rows, None, out_dtype, half, half_rows)
         packed = _mkldnn._reorder_linear_weight(weight, choice.pack_rows)
         keep = weight if choice.native_rows else None
-        return cls(packed, bias, True, choice.native_rows, keep)
+        return cls(packed, bias, True, choice.native_rows, keep, out_dtype, half, half_rows)
+
+    @property
+    def upcast(self) -> bool:
+        """Whether this runs a half-precision model's GEMMs on float32 weights."""
+        return self.out_dtype is not None
 
     def _native(self, x: torch.Tensor) -> torch.Tensor | None:
         # the weight for the native GEMV when it takes `x`, else None
@@ -82,37 +106,53 @@ class Linear:
             return _mkldnn._linear_pointwise(x, self.weight, self.bias, attr, [], "")
         return _mkldnn._linear_pointwise.binary(x, other, self.weight, self.bias, epilogue)
 
+    def _call(self, x: torch.Tensor, epilogue: str, other: torch.Tensor | None) -> torch.Tensor:
+        if self.out_dtype is None:
+            return self._run(x, epilogue, other)
+        if self.half is not None and x.dim() == 2 and x.shape[0] <= self.half_rows:
+            return self.half._run(x, epilogue, other)
+        y = self._run(x.float(), epilogue, None if other is None else other.float())
+        return y.to(self.out_dtype)
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self._run(x, "none", None)
+        return self._call(x, "none", None)
 
     def silu(self, x: torch.Tensor) -> torch.Tensor:
         """silu(x @ W.T + b)."""
-        return self._run(x, "silu", None)
+        return self._call(x, "silu", None)
 
     def mul(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
         """(x @ W.T + b) * other, as a new tensor (`other` is left alone)."""
-        return self._run(x, "mul", other)
+        return self._call(x, "mul", other)
 
     def add(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
         """(x @ W.T + b) + other, as a new tensor (`other` is left alone)."""
-        return self._run(x, "add", other)
+        return self._call(x, "add", other)
 
     def row_major(self) -> torch.Tensor | None:
         """The plain [N, K] weight the native GEMV reads, if it is kept (no copy)."""
         return self.rows_major if self.packed else self.weight
 
     def plain(self) -> torch.Tensor:
-        """The weight as a plain [N, K] tensor (a copy when packed)."""
-        return self.weight.to_dense() if self.packed else self.weight
+        """The weight as a plain [N, K] tensor in the model's dtype (a copy when packed or
+        upcast)."""
+        w = self.weight.to_dense() if self.packed else self.weight
+        return w if self.out_dtype is None else w.to(self.out_dtype)
+
+    def plain_bias(self) -> torch.Tensor | None:
+        """The bias in the model's dtype."""
+        b = self.bias
+        return b if b is None or self.out_dtype is None else b.to(self.out_dtype)
 
     def to(self, device: torch.device) -> Linear:
-        """On another device, as a plain `aten` linear."""
-        bias = None if self.bias is None else self.bias.to(device)
-        return Linear(self.plain().to(device), bias, False)
+        """On another device, as a plain `aten` linear in the model's dtype."""
+        bias = self.plain_bias()
+        return Linear(self.plain().to(device), None if bias is None else bias.to(device), False)
 
     @property
     def nbytes(self) -> int:
         """Bytes held: the weight (twice when a plain copy is kept for the GEMV) and bias."""
         w = self.weight
         n = w.shape[0] * w.shape[1] * w.element_size() * (2 if self.rows_major is not None else 1)
+        n += 0 if self.half is None else self.half.nbytes
         return n + (0 if self.bias is None else self.bias.numel() * self.bias.element_size())

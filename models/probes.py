@@ -23,7 +23,7 @@ from models.config import ModelConfig
 from models.kernels import layer_for
 from models.kv_cache import KVCache
 from models.layers import AttnDims, LayerWeights
-from models.linear import ATEN, Linear, onednn_available
+from models.linear import Linear, onednn_available
 
 GEMM_ROWS = (1, 16, 128, 512)
 COMPUTE_BOUND_ROWS = 128  # from here GEMMs are compute-bound: a few layers' weights suffice
@@ -50,9 +50,19 @@ def median_ms(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, f
 
 
 def gemm_candidates(dtype: torch.dtype) -> list[GemmChoice]:
+    """Every backend for `dtype`; a half-precision model also tries them on float32
+    copies of its weights (`upcast`)."""
+    out = _backends(dtype, False)
+    if dtype != torch.float32:
+        out += _backends(torch.float32, True)
+    return out
+
+
+def _backends(dtype: torch.dtype, upcast: bool) -> list[GemmChoice]:
+    aten = GemmChoice("aten", upcast=upcast)
     if not onednn_available(dtype):
-        return [ATEN]
-    return [ATEN, GemmChoice("onednn"), GemmChoice("onednn", 16)]
+        return [aten]
+    return [aten, GemmChoice("onednn", upcast=upcast), GemmChoice("onednn", 16, upcast=upcast)]
 
 
 def _budget_layers(layers: list[LayerWeights]) -> list[LayerWeights]:
@@ -81,7 +91,7 @@ def measure_gemm(layers: list[LayerWeights], dtype: torch.dtype,
                  repeats: int) -> tuple[GemmChoice, dict[str, dict[int, float]]]:
     """The backend with the least total time relative to the best at each row count."""
     plain = _budget_linears(layers)
-    sets = {c: [Linear.build(lin.plain(), lin.bias, c) for lin in plain]
+    sets = {c: [Linear.build(lin.plain(), lin.plain_bias(), c) for lin in plain]
             for c in gemm_candidates(dtype)}
     ms: dict[str, dict[int, float]] = {c.name: {} for c in sets}
     few = 5 * COMPUTE_BOUND_LAYERS  # linears of that many layers
@@ -93,24 +103,35 @@ def measure_gemm(layers: list[LayerWeights], dtype: torch.dtype,
     best = {rows: min(ms[c.name][rows] for c in sets) for rows in GEMM_ROWS}
     score = {c: sum(ms[c.name][r] / best[r] for r in GEMM_ROWS) for c in sets}
     chosen = min(sets, key=lambda c: score[c])
-    if not native.supports(dtype):
+    base, key = sets[chosen], chosen.name  # NOTE: timings stay under the candidate's name
+    if chosen.upcast:  # NOTE: a step of few rows streams the weights: the model's dtype may win
+        half = next(s for c, s in sets.items() if c.backend == "aten" and not c.upcast)
+        rows, few_ms = _rows_won(half, base, dtype, repeats)
+        ms["half"], ms[key] = few_ms["fast"], {**ms[key], **few_ms["base"]}
+        if rows:
+            chosen = replace(chosen, half_rows=rows)
+            base = [Linear.build(lin.plain(), lin.plain_bias(), chosen) for lin in plain]
+    if not native.supports(torch.float32 if chosen.upcast else dtype):
         return chosen, ms
-    rows, native_ms = _native_rows(plain, sets[chosen], dtype, repeats)
-    ms["native"], ms[chosen.name] = native_ms["native"], {**ms[chosen.name], **native_ms["base"]}
+    gemv = [Linear.build(lin.plain(), lin.plain_bias(),
+                         GemmChoice("aten", native_rows=max(NATIVE_ROWS), upcast=chosen.upcast,
+                                    half_rows=chosen.half_rows)) for lin in plain]
+    rows, native_ms = _rows_won(gemv, base, dtype, repeats, skip=chosen.half_rows)
+    ms["native"], ms[key] = native_ms["fast"], {**ms[key], **native_ms["base"]}
     return replace(chosen, native_rows=rows), ms
 
 
-def _native_rows(plain: list[Linear], base: list[Linear], dtype: torch.dtype,
-                 repeats: int) -> tuple[int, dict[str, dict[int, float]]]:
-    """Largest row count up to which the native GEMV beats `base` at every measured count."""
-    gemv = [Linear(lin.plain(), lin.bias, False, max(NATIVE_ROWS)) for lin in plain]
-    ms: dict[str, dict[int, float]] = {"native": {}, "base": {}}
+def _rows_won(fast: list[Linear], base: list[Linear], dtype: torch.dtype, repeats: int,
+              skip: int = 0) -> tuple[int, dict[str, dict[int, float]]]:
+    """Largest row count (of `NATIVE_ROWS` over `skip`, which both run alike) up to which
+    `fast` beats `base` at every measured count (0: none)."""
+    ms: dict[str, dict[int, float]] = {"fast": {}, "base": {}}
     limit = 0
-    for rows in NATIVE_ROWS:
-        got = median_ms({"native": _gemm_run(gemv, rows, dtype),
+    for rows in (r for r in NATIVE_ROWS if r > skip):
+        got = median_ms({"fast": _gemm_run(fast, rows, dtype),
                          "base": _gemm_run(base, rows, dtype)}, repeats)
-        ms["native"][rows], ms["base"][rows] = got["native"], got["base"]
-        if got["native"] >= got["base"]:
+        ms["fast"][rows], ms["base"][rows] = got["fast"], got["base"]
+        if got["fast"] >= got["base"]:
             break
         limit = rows
     return limit, ms
@@ -224,7 +245,8 @@ def measure_decode_layer(layers: list[LayerWeights], cfg: ModelConfig, dtype: to
                          gemm: GemmChoice, choice: LayerChoice,
                          repeats: int) -> tuple[str, dict[int, dict[str, float]]]:
     """Op by op against one native call per layer, where every part of the layer is native."""
-    if not (gemm.native_rows and choice.decode == "native" and choice.norm_rope == "native"):
+    if not (gemm.native_rows and choice.decode == "native" and choice.norm_rope == "native"
+            and not gemm.upcast):  # NOTE: one native layer reads weights of the model's dtype
         return "ops", {}
     lw = [layer_for(w, gemm) for w in _budget_layers(layers)]
     ms = {}

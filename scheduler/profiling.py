@@ -150,8 +150,9 @@ def fit_kind(est: Estimators, model: Model, kind: str, device: str, sweep: Sweep
 
 
 def native_rows(model: Model) -> int:
-    """Rows up to which the model's CPU kernels run their native GEMV path (at least 1)."""
-    return max(1, model.kernels.gemm.native_rows)
+    """Rows up to which the model's CPU kernels run their few-row path (the native GEMV, or
+    half-precision weights beside float32 ones) (at least 1)."""
+    return max(1, model.kernels.gemm.few_rows)
 
 
 def cpu_hosts(names: Sequence[str]) -> dict[str, str]:

@@ -45,6 +45,13 @@ CHOICES: dict[str, KernelChoice] = {
     "padded-rows": KernelChoice(layer=LayerChoice(pad_rows=16)),
     "onednn+padded-rows": KernelChoice(GemmChoice("onednn", native_rows=4),
                                        LayerChoice(0, "native", "native", "native", 16)),
+    # GEMMs on float32 copies of the weights (a no-op for a float32 model)
+    "fp32-gemm": KernelChoice(GemmChoice("aten", upcast=True)),
+    "onednn+fp32-gemm": KernelChoice(GemmChoice("onednn", 16, upcast=True)),
+    "fp32-gemm+half": KernelChoice(GemmChoice("aten", upcast=True, half_rows=1)),
+    # the whole-layer native call reads weights of the model's dtype: upcast layers run op by op
+    "all-native+fp32-gemm": KernelChoice(GemmChoice("onednn", native_rows=4, upcast=True),
+                                         LayerChoice(0, "native", "native", "native", 16)),
 }
 
 
@@ -52,7 +59,9 @@ def _available(name: str, dtype: torch.dtype) -> bool:
     c = CHOICES[name]
     uses_native = (c.gemm.native_rows > 0 or "native" in (c.layer.decode, c.layer.norm_rope,
                                                           c.layer.decode_layer))
-    return (c.gemm.backend != "onednn" or onednn_available(dtype)) and (NATIVE or not uses_native)
+    gemm_dtype = torch.float32 if c.gemm.upcast else dtype
+    return ((c.gemm.backend != "onednn" or onednn_available(gemm_dtype))
+            and (NATIVE or not uses_native))
 
 
 @pytest.fixture(scope="module")

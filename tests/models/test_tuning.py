@@ -13,7 +13,7 @@ import torch
 
 import models
 from models import native, probes, tuning
-from models.choices import PORTABLE, KernelChoice
+from models.choices import PORTABLE, GemmChoice, KernelChoice
 from models.cpu import parse_cpuinfo
 from models.linear import onednn_available
 from models.loader import layer_weights
@@ -146,3 +146,25 @@ def test_the_padding_probe_is_recorded_with_its_choice(tiny_model_dir: Path, cac
     assert all(set(m) == {"first", "exact", "padded"} for m in probed.values())
     assert model.kernels.layer.pad_rows == probes.pad_rule(
         {int(r): m for r, m in probed.items()})
+
+
+def test_a_half_precision_model_times_its_gemms_on_float32_weights_too(
+        tiny_model_dir: Path, cache: Path) -> None:
+    model = models.load(tiny_model_dir, dtype="bfloat16")
+    record = json.loads(next((cache / "kernels").glob("*.json")).read_text())
+    gemm = record["timings_ms"]["gemm"]
+    backends = {c.name: c for c in probes.gemm_candidates(torch.bfloat16)}
+    assert "aten" in backends and "aten+fp32" in backends and backends.keys() <= gemm.keys()
+    rows = [str(r) for r in probes.GEMM_ROWS]
+    best = {r: min(gemm[b][r] for b in backends) for r in rows}
+    score = {b: sum(gemm[b][r] / best[r] for r in rows) for b in backends}
+    chosen = model.kernels.gemm
+    assert backends[min(score, key=lambda b: score[b])].upcast == chosen.upcast  # by the timings
+    fp32 = models.load(tiny_model_dir, dtype="float32")
+    assert not fp32.kernels.gemm.upcast  # float32 has nothing to cast up
+
+
+def test_gemm_choice_names_its_float32_weights() -> None:
+    choice = GemmChoice("onednn", 16, native_rows=4, upcast=True, half_rows=2)
+    assert choice.name == "onednn@16+fp32+half<=2+native<=4" and choice.few_rows == 4
+    assert KernelChoice.from_dict(KernelChoice(choice).to_dict()).gemm == choice

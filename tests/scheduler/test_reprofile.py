@@ -52,7 +52,7 @@ async def test_a_drifted_kind_is_profiled_again_when_the_devices_are_idle(
     model = load(tiny_model_dir, dtype="float32")
     est = load_or_profile(model, ["cpu:0", "cpu:1"], tmp_path, SMALL)
     assert est.interference is not None  # two CPU devices: the co-location sweep ran
-    assert est.native_rows == max(1, model.kernels.gemm.native_rows)  # as its kernels run
+    assert est.native_rows == max(1, model.kernels.gemm.few_rows)  # as its kernels run
     cfg = SchedulerConfig(policy="slice", max_model_len=1024, max_batch_tokens=512)
     sched = build_scheduler(model, parse_devices("cpu:0,cpu:1", 0.25), cfg, est)
     assert sched.gmg.interference is est.interference
