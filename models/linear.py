@@ -151,7 +151,8 @@ class Linear:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held: the weight (twice when a plain copy is kept for the GEMV) and bias."""
+        """Bytes held: the weight (twice when a plain copy is kept for the GEMV; float32 when
+        upcast, plus the model-dtype copy for few rows) and bias."""
         w = self.weight
         n = w.shape[0] * w.shape[1] * w.element_size() * (2 if self.rows_major is not None else 1)
         n += 0 if self.half is None else self.half.nbytes

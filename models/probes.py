@@ -103,22 +103,33 @@ def measure_gemm(layers: list[LayerWeights], dtype: torch.dtype,
     best = {rows: min(ms[c.name][rows] for c in sets) for rows in GEMM_ROWS}
     score = {c: sum(ms[c.name][r] / best[r] for r in GEMM_ROWS) for c in sets}
     chosen = min(sets, key=lambda c: score[c])
-    base, key = sets[chosen], chosen.name  # NOTE: timings stay under the candidate's name
-    if chosen.upcast:  # NOTE: a step of few rows streams the weights: the model's dtype may win
-        half = next(s for c, s in sets.items() if c.backend == "aten" and not c.upcast)
-        rows, few_ms = _rows_won(half, base, dtype, repeats)
-        ms["half"], ms[key] = few_ms["fast"], {**ms[key], **few_ms["base"]}
-        if rows:
-            chosen = replace(chosen, half_rows=rows)
-            base = [Linear.build(lin.plain(), lin.plain_bias(), chosen) for lin in plain]
+    base = sets[chosen]
+    if chosen.upcast:
+        chosen, base = _half_rows(plain, sets, chosen, dtype, repeats, ms)
     if not native.supports(torch.float32 if chosen.upcast else dtype):
         return chosen, ms
     gemv = [Linear.build(lin.plain(), lin.plain_bias(),
                          GemmChoice("aten", native_rows=max(NATIVE_ROWS), upcast=chosen.upcast,
                                     half_rows=chosen.half_rows)) for lin in plain]
     rows, native_ms = _rows_won(gemv, base, dtype, repeats, skip=chosen.half_rows)
+    key = replace(chosen, half_rows=0).name  # NOTE: timings stay under the candidate's name
     ms["native"], ms[key] = native_ms["fast"], {**ms[key], **native_ms["base"]}
     return replace(chosen, native_rows=rows), ms
+
+
+def _half_rows(plain: list[Linear], sets: dict[GemmChoice, list[Linear]], chosen: GemmChoice,
+               dtype: torch.dtype, repeats: int, ms: dict[str, dict[int, float]]
+               ) -> tuple[GemmChoice, list[Linear]]:
+    """`chosen` (upcast) with the rows up to which the model-dtype weights beat it (a step of
+    few rows streams the weights, and float32 ones are twice the bytes), and its linears;
+    the timings go into `ms`."""
+    half = next(s for c, s in sets.items() if c.backend == "aten" and not c.upcast)
+    rows, few_ms = _rows_won(half, sets[chosen], dtype, repeats)
+    ms["half"], ms[chosen.name] = few_ms["fast"], {**ms[chosen.name], **few_ms["base"]}
+    if not rows:
+        return chosen, sets[chosen]
+    chosen = replace(chosen, half_rows=rows)
+    return chosen, [Linear.build(lin.plain(), lin.plain_bias(), chosen) for lin in plain]
 
 
 def _rows_won(fast: list[Linear], base: list[Linear], dtype: torch.dtype, repeats: int,
