@@ -17,8 +17,9 @@ input (and an epilogue's operand) cast up and the output cast back to the
 model's dtype. On a CPU without bf16 arithmetic (AVX2 only), aten's bf16 GEMMs
 ran 3-7x slower than float32 ones at 16-512 rows; on one with it, the bf16
 GEMMs win. A decode step of a row or two streams the weights, and float32
-weights are twice the bytes: inputs of up to `half_rows` rows run aten on a
-copy in the model's dtype kept beside them (`half`).
+weights are twice the bytes: inputs of up to `half_rows` rows run on a copy
+in the model's dtype kept beside them (`half`; aten, or the native GEMV within
+`native_rows`).
 
 Which backend is fastest differs between CPUs (AMX, AVX512-BF16, AVX2 only)
 and dtypes; `models.tuning` measures it at start-up.
@@ -69,8 +70,8 @@ class Linear:
             return cls(weight, bias, False)
         out_dtype, half = None, None
         if choice.upcast and weight.dtype != torch.float32:
-            if choice.half_rows:
-                half = cls(weight.contiguous(), bias, False)
+            if choice.half_rows:  # NOTE: its rows within `native_rows` run the native GEMV
+                half = cls(weight.contiguous(), bias, False, choice.native_rows)
             out_dtype, weight = weight.dtype, weight.float()
             bias = None if bias is None else bias.float()
         weight = weight.contiguous()

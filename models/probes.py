@@ -111,7 +111,7 @@ def measure_gemm(layers: list[LayerWeights], dtype: torch.dtype,
     gemv = [Linear.build(lin.plain(), lin.plain_bias(),
                          GemmChoice("aten", native_rows=max(NATIVE_ROWS), upcast=chosen.upcast,
                                     half_rows=chosen.half_rows)) for lin in plain]
-    rows, native_ms = _rows_won(gemv, base, dtype, repeats, skip=chosen.half_rows)
+    rows, native_ms = _rows_won(gemv, base, dtype, repeats)  # NOTE: on the half copy too
     key = replace(chosen, half_rows=0).name  # NOTE: timings stay under the candidate's name
     ms["native"], ms[key] = native_ms["fast"], {**ms[key], **native_ms["base"]}
     return replace(chosen, native_rows=rows), ms
@@ -132,20 +132,28 @@ def _half_rows(plain: list[Linear], sets: dict[GemmChoice, list[Linear]], chosen
     return chosen, [Linear.build(lin.plain(), lin.plain_bias(), chosen) for lin in plain]
 
 
-def _rows_won(fast: list[Linear], base: list[Linear], dtype: torch.dtype, repeats: int,
-              skip: int = 0) -> tuple[int, dict[str, dict[int, float]]]:
-    """Largest row count (of `NATIVE_ROWS` over `skip`, which both run alike) up to which
-    `fast` beats `base` at every measured count (0: none)."""
+def _rows_won(fast: list[Linear], base: list[Linear], dtype: torch.dtype,
+              repeats: int) -> tuple[int, dict[str, dict[int, float]]]:
+    """Largest row count (of `NATIVE_ROWS`) up to which `fast` takes less time than `base`
+    summed over the measured counts (0: none): where the two run about as fast at one
+    count, the machine's noise does not decide the counts above it."""
     ms: dict[str, dict[int, float]] = {"fast": {}, "base": {}}
-    limit = 0
-    for rows in (r for r in NATIVE_ROWS if r > skip):
+    for rows in NATIVE_ROWS:
         got = median_ms({"fast": _gemm_run(fast, rows, dtype),
                          "base": _gemm_run(base, rows, dtype)}, repeats)
         ms["fast"][rows], ms["base"][rows] = got["fast"], got["base"]
-        if got["fast"] >= got["base"]:
-            break
-        limit = rows
-    return limit, ms
+    return rows_rule(ms), ms
+
+
+def rows_rule(ms: dict[str, dict[int, float]]) -> int:
+    """The largest count r with sum(fast[c] for c <= r) < sum(base[c] for c <= r), else 0
+    (pure)."""
+    limit, fast, base = 0, 0.0, 0.0
+    for rows in sorted(ms["fast"]):
+        fast, base = fast + ms["fast"][rows], base + ms["base"][rows]
+        if fast < base:
+            limit = rows
+    return limit
 
 
 def _prefill_ms(n: int, h: int, hkv: int, d: int, dtype: torch.dtype,

@@ -46,6 +46,31 @@ static inline __attribute__((always_inline)) void tile_bf16(
             out[i][j] = s;
         }
 }
+#elif !defined(__AVX512F__)
+/* 8 lanes: without AVX512 a 16-lane vector is two registers, and a tile's accumulators and
+ * weight vectors would need more registers than AVX2's 16 (spilled on every step). */
+static inline __attribute__((always_inline)) void tile_bf16(
+        const uint16_t *w, int64_t K, const uint16_t *const xr[4], float out[4][4], const int MT) {
+    f32x8 a[4][4] = {{{0}}};
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) {
+        f32x8 wv[4];
+        for (int j = 0; j < 4; j++) {
+            if (!(k & 31)) __builtin_prefetch(w + (PF_ROWS + j) * K + k);
+            wv[j] = ld8_bf16(w + j * K + k);
+        }
+        for (int i = 0; i < MT; i++) {
+            f32x8 xv = ld8_bf16(xr[i] + k);
+            for (int j = 0; j < 4; j++) a[i][j] += wv[j] * xv;
+        }
+    }
+    for (int i = 0; i < MT; i++)
+        for (int j = 0; j < 4; j++) {
+            float s = hsum8(a[i][j]);
+            for (int64_t kk = k; kk < K; kk++) s += bf16_to_f32(w[j * K + kk]) * bf16_to_f32(xr[i][kk]);
+            out[i][j] = s;
+        }
+}
 #else
 static inline __attribute__((always_inline)) void tile_bf16(
         const uint16_t *w, int64_t K, const uint16_t *const xr[4], float out[4][4], const int MT) {
@@ -71,6 +96,31 @@ static inline __attribute__((always_inline)) void tile_bf16(
 }
 #endif
 
+#if !defined(__AVX512F__)
+static inline __attribute__((always_inline)) void tile_f32(
+        const float *w, int64_t K, const float *const xr[4], float out[4][4], const int MT) {
+    f32x8 a[4][4] = {{{0}}};  /* 8 lanes without AVX512: see tile_bf16 */
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) {
+        f32x8 wv[4];
+        for (int j = 0; j < 4; j++) {
+            if (!(k & 15)) __builtin_prefetch(w + (PF_ROWS + j) * K + k);
+            memcpy(&wv[j], w + j * K + k, sizeof wv[j]);
+        }
+        for (int i = 0; i < MT; i++) {
+            f32x8 xv;
+            memcpy(&xv, xr[i] + k, sizeof xv);
+            for (int j = 0; j < 4; j++) a[i][j] += wv[j] * xv;
+        }
+    }
+    for (int i = 0; i < MT; i++)
+        for (int j = 0; j < 4; j++) {
+            float s = hsum8(a[i][j]);
+            for (int64_t kk = k; kk < K; kk++) s += w[j * K + kk] * xr[i][kk];
+            out[i][j] = s;
+        }
+}
+#else
 static inline __attribute__((always_inline)) void tile_f32(
         const float *w, int64_t K, const float *const xr[4], float out[4][4], const int MT) {
     f32x16 a[4][4] = {{{0}}};
@@ -93,6 +143,7 @@ static inline __attribute__((always_inline)) void tile_f32(
             out[i][j] = s;
         }
 }
+#endif
 
 /* One generic driver: DT is the element type, TILE the tile kernel, LD / ST load and store. */
 #define GEMV_BODY(DT, TILE, LD, ST)                                                     \

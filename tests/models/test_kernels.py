@@ -49,6 +49,8 @@ CHOICES: dict[str, KernelChoice] = {
     "fp32-gemm": KernelChoice(GemmChoice("aten", upcast=True)),
     "onednn+fp32-gemm": KernelChoice(GemmChoice("onednn", 16, upcast=True)),
     "fp32-gemm+half": KernelChoice(GemmChoice("aten", upcast=True, half_rows=1)),
+    "fp32-gemm+half+native-gemv": KernelChoice(GemmChoice("aten", native_rows=4, upcast=True,
+                                                          half_rows=1)),
     # the whole-layer native call reads weights of the model's dtype: upcast layers run op by op
     "all-native+fp32-gemm": KernelChoice(GemmChoice("onednn", native_rows=4, upcast=True),
                                          LayerChoice(0, "native", "native", "native", 16)),

@@ -73,3 +73,18 @@ def test_few_rows_run_on_the_model_dtype_copy_kept_beside() -> None:
         half = F.linear(x, w, b)  # bf16 arithmetic
         full = F.linear(x.float(), w.float(), b.float()).to(torch.bfloat16)
         assert torch.equal(lin(x), half if rows <= 2 else full), rows
+
+
+@pytest.mark.skipif(not (native.supports(torch.bfloat16) and native.supports(torch.float32)),
+                    reason="no native kernels here")
+def test_few_rows_on_the_half_copy_take_the_native_gemv_within_its_rows() -> None:
+    w, b = _weights()
+    lin = Linear.build(w, b, GemmChoice("aten", native_rows=4, upcast=True, half_rows=2))
+    assert lin.half is not None and lin.half.native_rows == 4
+    g = torch.Generator().manual_seed(4)
+    for rows in (1, 3, 5):
+        x = torch.randn(rows, 32, generator=g).to(torch.bfloat16)
+        want = native.linear(x, w, b) if rows <= 2 else (
+            native.linear(x.float(), w.float(), b.float()).to(torch.bfloat16) if rows <= 4
+            else F.linear(x.float(), w.float(), b.float()).to(torch.bfloat16))
+        assert torch.equal(lin(x), want), rows

@@ -168,3 +168,10 @@ def test_gemm_choice_names_its_float32_weights() -> None:
     choice = GemmChoice("onednn", 16, native_rows=4, upcast=True, half_rows=2)
     assert choice.name == "onednn@16+fp32+half<=2+native<=4" and choice.few_rows == 4
     assert KernelChoice.from_dict(KernelChoice(choice).to_dict()).gemm == choice
+
+
+def test_few_row_paths_are_chosen_by_their_summed_times() -> None:
+    tie_then_wins = {"fast": {1: 49.6, 2: 42.0, 4: 50.0, 8: 300.0},
+                     "base": {1: 48.8, 2: 69.2, 4: 117.3, 8: 150.0}}
+    assert probes.rows_rule(tie_then_wins) == 4  # 1 + 2 + 4: 141.6 < 235.3; with 8 it is not
+    assert probes.rows_rule({"fast": {1: 2.0, 2: 3.0}, "base": {1: 1.0, 2: 2.0}}) == 0
