@@ -133,7 +133,9 @@ async def _accuracy_run(model: Model, est: Estimators, devices: list[Device],
                         calibrate: int) -> dict:
     """`calibrate` runs of another mix refit the estimators online (as a live server does);
     a background re-profile they set off finishes; then the estimators are frozen, the
-    workload is predicted, and run (alone: the simulator knows nothing of a sweep beside)."""
+    workload is predicted, and run (alone: the simulator knows nothing of a sweep beside).
+    Two more identical runs of it then measure the machine's own spread (`twin_spread`;
+    the second and third, each a row count the process has run before)."""
     sched = build_scheduler(model, devices, SchedulerConfig(policy="fcfs"), est)
     await sched.start()
     est.unfreeze()
@@ -143,11 +145,25 @@ async def _accuracy_run(model: Model, est: Estimators, devices: list[Device],
         await sched.profiler.idle()
     est.freeze()
     predicted, actual = await _workload(sched, "a")
+    twins = [(await _workload(sched, tag))[1] for tag in ("b", "c")]
     await sched.stop(drain=False)
+    return {**prediction_error(predicted, actual), **twin_spread(*twins)}
+
+
+def prediction_error(predicted: list[float], actual: list[float]) -> dict[str, float]:
+    """End-to-end (the last finish) and per-request errors of a predicted run."""
     e2e_a, e2e_p = max(actual), max(predicted)
     per_req = [abs(p - a) / a for p, a in zip(predicted, actual, strict=True)]
     return {"e2e_actual_s": e2e_a, "e2e_predicted_s": e2e_p,
             "e2e_error": abs(e2e_p - e2e_a) / e2e_a, "request_mape": statistics.mean(per_req)}
+
+
+def twin_spread(first: list[float], second: list[float]) -> dict[str, float]:
+    """How far two identical runs of the workload, back to back, differ: the second's
+    end-to-end and per-request times against the first's, as the errors above. No
+    prediction made before a run can be held to much less on that machine."""
+    spread = prediction_error(second, first)
+    return {"twin_e2e_spread": spread["e2e_error"], "twin_request_spread": spread["request_mape"]}
 
 
 def accuracy(model_spec: str, devices: list[Device], repeats: int, calibrate: int = 8
@@ -275,8 +291,11 @@ def _report(result: dict, num_ops: int, repeats: int) -> None:
         acc = result["accuracy"]
         print(f"accuracy: end-to-end predicted {acc['e2e_predicted_s']:.3f} s vs actual "
               f"{acc['e2e_actual_s']:.3f} s (error {acc['e2e_error']:.2%}); per-request MAPE "
-              f"{acc['request_mape']:.2%}")
+              f"{acc['request_mape']:.2%}; two identical runs after it differ by "
+              f"{acc['twin_e2e_spread']:.2%} end-to-end, {acc['twin_request_spread']:.2%} "
+              "per request")
         for k, r in enumerate(acc["runs"]):
             print(f"  repeat {k + 1}: predicted {r['e2e_predicted_s']:.3f} s, actual "
                   f"{r['e2e_actual_s']:.3f} s, error {r['e2e_error']:.2%}, per-request MAPE "
-                  f"{r['request_mape']:.2%}")
+                  f"{r['request_mape']:.2%}; twins {r['twin_e2e_spread']:.2%} / "
+                  f"{r['twin_request_spread']:.2%}")

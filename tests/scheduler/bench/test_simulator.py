@@ -3,7 +3,15 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.bench.simulator import _replay, _report, main, speed, synthetic_gmg
+from scheduler.bench.simulator import (
+    _replay,
+    _report,
+    main,
+    prediction_error,
+    speed,
+    synthetic_gmg,
+    twin_spread,
+)
 from scheduler.policies.slice import Recorder
 from scheduler.simulator import simulate
 
@@ -44,10 +52,24 @@ def test_replay_times_every_round_that_simulated() -> None:
 
 
 def test_the_accuracy_report_shows_every_repeat(capsys: pytest.CaptureFixture[str]) -> None:
+    twins = {"twin_e2e_spread": 0.031, "twin_request_spread": 0.052}
     runs = [{"e2e_actual_s": a, "e2e_predicted_s": 0.5, "e2e_error": abs(0.5 - a) / a,
-             "request_mape": 0.04} for a in (0.52, 0.55)]
+             "request_mape": 0.04, **twins} for a in (0.52, 0.55)]
     acc = {"e2e_actual_s": 0.535, "e2e_predicted_s": 0.5, "e2e_error": 0.065,
-           "request_mape": 0.04, "runs": runs}
+           "request_mape": 0.04, "runs": runs, **twins}
     _report({"accuracy": acc}, 200, 2)
     out = capsys.readouterr().out
     assert "error 6.50%" in out and "repeat 2: predicted 0.500 s, actual 0.550 s" in out
+    assert "differ by 3.10% end-to-end, 5.20% per request" in out
+    assert "twins 3.10% / 5.20%" in out
+
+
+def test_prediction_error_and_the_spread_of_identical_runs() -> None:
+    err = prediction_error([1.0, 2.0], [1.25, 2.5])
+    assert err == {"e2e_actual_s": 2.5, "e2e_predicted_s": 2.0, "e2e_error": 0.2,
+                   "request_mape": 0.2}
+    # the second run scored as if it were a prediction of the first
+    assert twin_spread([1.0, 2.0], [1.1, 1.8]) == pytest.approx(
+        {"twin_e2e_spread": 0.1, "twin_request_spread": 0.1})
+    assert twin_spread([1.0, 2.0], [1.0, 2.0]) == {"twin_e2e_spread": 0.0,
+                                                   "twin_request_spread": 0.0}
