@@ -10,10 +10,11 @@ CPU devices share one estimator per op).
 Estimates are solo times. Where the profile measured `interference` (devices
 sharing a host slow each other down), the simulator applies it, and a measured
 op is first brought back to its solo time from what ran beside it
-(scheduler/overlap.py). When an estimator's measured/base level drifts past
-`DRIFT_THRESHOLD` over a full window, and the drift moves its median time by
-`DRIFT_MIN_S` or more, its device kind (or transfer pair) is handed out for a
-background re-profile (scheduler/reprofile.py).
+(scheduler/overlap.py); the slowdowns themselves are refined from those same ops
+(scheduler/colearn.py) and handed to `on_interference`. When an estimator's
+measured/base level drifts past `DRIFT_THRESHOLD` over a full window, and the
+drift moves its median time by `DRIFT_MIN_S` or more, its device kind (or
+transfer pair) is handed out for a background re-profile (scheduler/reprofile.py).
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ from typing import Any
 from executors.interference import Interference
 from executors.types import Device, OpInstance, OpRole, OpState
 from models.batch import BatchShape
+from scheduler.colearn import ColocationLearner
 from scheduler.linear import MIN_TIME_S, LinearEstimator
-from scheduler.overlap import Overlaps
+from scheduler.overlap import Overlaps, Resolved
 
 # NOTE: num_context_tokens separates the KV read of batched decode (which pads to the
 # longest context) from prefill attention; it halves the layer groups' error on CPU.
@@ -59,6 +61,7 @@ _GROUP = re.compile(r"layers\[(\d+):(\d+)\]")
 FORMAT_VERSION = 4
 DRIFT_THRESHOLD = 0.15  # |measured / base - 1| (median over a full window) that re-profiles
 DRIFT_MIN_S = 5e-4  # a drift that moves the op's median time by less re-profiles nothing
+INTERFERENCE_CHANGE = 0.01  # a learnt slowdown that moves less keeps the one in use
 REPROFILE_COOLDOWN_S = 300.0  # of op time between re-profiles of one kind or pair (doubles
 # while the drift persists after one)
 
@@ -124,6 +127,9 @@ class Estimators:
         self._to_profile: list[tuple[str, str]] = []  # pairs not yet handed out to profile
         self.interference: Interference | None = None  # co-location slowdowns, if profiled
         self._overlaps: Overlaps | None = None
+        self.colearn = ColocationLearner()
+        # called with the slowdowns once they were learnt anew (the factory wires the GMG)
+        self.on_interference: Callable[[Interference], None] | None = None
         self.drift = DriftWatch()
         # called with a device kind whose ops drifted (the factory wires the re-profiler)
         self.on_drift: Callable[[str], None] | None = None
@@ -180,9 +186,9 @@ class Estimators:
         if ov is None or not ov.shares(op.device):
             return self._learn(op, op.end - op.start)
         ape = None
-        for item, solo_s in ov.add(op.device, op.name, op.start, op.end, op):
-            a = self._learn(item, solo_s)  # type: ignore[arg-type]
-            ape = a if item is op else ape
+        for r in ov.add(op.device, op.name, op.start, op.end, op):
+            a = self._learn_resolved(r)
+            ape = a if r.item is op else ape
         return ape
 
     def flush(self, now: float) -> None:
@@ -190,8 +196,44 @@ class Estimators:
         ended `Overlaps.settle_s` before `now` (the scheduler's clock): the other devices
         were idle since."""
         if self._overlaps is not None:
-            for item, solo_s in self._overlaps.flush(now):
-                self._learn(item, solo_s)  # type: ignore[arg-type]
+            for r in self._overlaps.flush(now):
+                self._learn_resolved(r)
+
+    def _learn_resolved(self, r: Resolved) -> float:
+        op: OpInstance = r.item  # type: ignore[assignment]
+        if not self.frozen and op.role is OpRole.COMPUTE:
+            self._colearn(op, r)
+        return self._learn(op, r.solo_s)
+
+    def _colearn(self, op: OpInstance, r: Resolved) -> None:
+        """Teach the co-location learner `op`, with the solo time the profile predicts (not
+        the online fit, which learns from times these slowdowns converted)."""
+        assert op.start is not None and op.end is not None
+        try:
+            est = self._op_cache.get((op.device, op.name)) or self._resolve_op(op.device,
+                                                                                op.name)
+        except KeyError:  # never profiled, no fallback: nothing to compare with yet
+            return
+        predicted = est.predict_base(op_features(op.shape, self.native_rows))
+        self.colearn.add(r.cls, op.end - op.start, predicted, r.overlap_s)
+        if self.colearn.due():
+            self._relearn_interference()
+
+    def _relearn_interference(self) -> None:
+        inter = self.interference
+        assert inter is not None and self._overlaps is not None
+        learnt = self.colearn.slowdowns(inter.slowdown)
+        moved = {k: v for k, v in learnt.items()
+                 if abs(v / inter.slowdown.get(k, 1.0) - 1.0) >= INTERFERENCE_CHANGE}
+        if not moved:
+            return
+        logger.info("co-location slowdowns learnt from the run: %s",
+                    ", ".join(f"{a}|{b} {inter.slowdown.get((a, b), 1.0):.3f}->{v:.3f}"
+                              for (a, b), v in sorted(moved.items())))
+        self.interference = self._overlaps.inter = Interference(
+            inter.hosts, {**inter.slowdown, **learnt})
+        if self.on_interference is not None:
+            self.on_interference(self.interference)
 
     def _learn(self, op: OpInstance, seconds: float) -> float:
         if op.role is OpRole.COMPUTE:
@@ -264,7 +306,8 @@ class Estimators:
     def set_interference(self, inter: Interference | None) -> None:
         """Use `inter` to bring measured times back to solo times (and save it with the fit)."""
         self.interference = inter
-        self._overlaps = Overlaps(inter) if inter is not None and not inter.is_neutral() else None
+        self._overlaps = Overlaps(inter) if inter is not None else None
+        self.colearn = ColocationLearner()
 
     def freeze(self) -> None:
         """Stop refitting; observations still score predictions (held-out MAPE)."""

@@ -6,6 +6,7 @@ import re
 
 import torch
 
+from executors.interference import Interference
 from executors.types import Device
 from models.loader import Model
 from scheduler.config import SchedulerConfig
@@ -77,6 +78,11 @@ def build_scheduler(model: Model, devices: list[Device], cfg: SchedulerConfig,
         est.set_interference(est.interference.with_hosts(cpu_hosts([d.name for d in devices])))
     gmg = sched.gmg
     gmg.interference = est.interference  # the simulator slows ops overlapping on a host
+
+    def learnt(inter: Interference) -> None:
+        gmg.interference = inter
+
+    est.on_interference = learnt
     sched.profiler = PairProfiler(model, est, devices=[d.name for d in devices if d.node is None],
                                   idle=lambda: not gmg.scheduled, threads=threads)
     est.on_drift = sched.profiler.request_kind

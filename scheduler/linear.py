@@ -62,6 +62,13 @@ class LinearEstimator:
         t = sum(c * x for c, x in zip(self.coef, raw, strict=True))
         return t if t > MIN_TIME_S else MIN_TIME_S
 
+    def predict_base(self, raw: Sequence[float]) -> float:
+        """The profiled fit's prediction (the current one's where nothing was profiled)."""
+        if not self.base.any():
+            return self.predict(raw)
+        x = np.asarray(raw, dtype=float)[self._cols] / self._div
+        return max(float(x @ self.base), MIN_TIME_S)
+
     def _publish(self) -> None:
         coef = [0.0] * len(self.mask)
         for j, i in enumerate(self._cols):

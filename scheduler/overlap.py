@@ -13,7 +13,8 @@ device's in its own order), so an op is resolved only once every other device
 of its host has booked an op that ended after it (a device runs one op at a
 time, so nothing overlapping it is missing), or once ops booked elsewhere ended
 `settle_s` after it, or `flush(now)` is called `settle_s` after it (that device
-was idle).
+was idle). Each resolved op also comes with the seconds it overlapped ops of each
+class (`Resolved`), from which `scheduler.colearn` learns the slowdowns online.
 """
 
 from __future__ import annotations
@@ -31,6 +32,14 @@ class Interval:
     start: float
     end: float
     cls: int  # interference class index (-1: does not interfere)
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    item: object  # the caller's record of the op
+    solo_s: float  # the seconds it would have taken alone on its host
+    cls: int  # its interference class index (-1: does not interfere)
+    overlap_s: tuple[float, ...]  # seconds it overlapped ops of each class on its host
 
 
 class Overlaps:
@@ -55,9 +64,9 @@ class Overlaps:
         return device in self.others
 
     def add(self, device: str, name: str, start: float, end: float, item: object
-            ) -> list[tuple[object, float]]:
+            ) -> list[Resolved]:
         """Record an op of `device` that ran over [start, end] (`item`: the caller's record
-        of it); returns `(item, solo seconds)` of every op that can be resolved now."""
+        of it); returns every op that can be resolved now."""
         iv = Interval(start, end, self.inter.class_index(name))
         if iv.cls >= 0:
             self.history[device].append(iv)
@@ -66,12 +75,12 @@ class Overlaps:
         self._pending.append((device, name, iv, item))
         return self.flush(self.latest)
 
-    def flush(self, now: float) -> list[tuple[object, float]]:
-        """`(item, solo seconds)` of the ops that can be resolved at time `now`."""
+    def flush(self, now: float) -> list[Resolved]:
+        """The ops that can be resolved at time `now`."""
         out, keep = [], []
         for p in self._pending:
             if self._resolvable(p[0], p[2], now):
-                out.append((p[3], self.solo_seconds(p[0], p[2])))
+                out.append(self.resolve(p[0], p[2], p[3]))
             else:
                 keep.append(p)
         self._pending = keep
@@ -82,18 +91,19 @@ class Overlaps:
             return True
         return all(self.last_end.get(o, float("-inf")) >= iv.end for o in self.others[device])
 
-    def solo_seconds(self, device: str, iv: Interval) -> float:
-        """The seconds `iv` would have taken alone on its host."""
+    def resolve(self, device: str, iv: Interval, item: object) -> Resolved:
+        """`iv`'s overlaps with each class, and the seconds it would have taken alone."""
         seconds = iv.end - iv.start
+        overlap = [0.0] * len(self.inter.classes)
         if iv.cls < 0:
-            return seconds
-        excess = self.inter.excess[iv.cls]
-        lost = 0.0
+            return Resolved(item, seconds, iv.cls, tuple(overlap))
         for o in self.others[device]:
             for other in reversed(self.history[o]):
                 if other.end <= iv.start:
                     break
-                overlap = min(iv.end, other.end) - max(iv.start, other.start)
-                if overlap > 0 and other.cls >= 0:
-                    lost += overlap * (1.0 - 1.0 / (1.0 + excess[other.cls]))
-        return max(seconds - lost, 0.0)
+                ov = min(iv.end, other.end) - max(iv.start, other.start)
+                if ov > 0 and other.cls >= 0:
+                    overlap[other.cls] += ov
+        excess = self.inter.excess[iv.cls]
+        lost = sum(ov * (1.0 - 1.0 / (1.0 + e)) for ov, e in zip(overlap, excess, strict=True))
+        return Resolved(item, max(seconds - lost, 0.0), iv.cls, tuple(overlap))
