@@ -50,6 +50,7 @@ class ColocationLearner:
         self._pairs: dict[tuple[int, int], deque[tuple[float, float, tuple[float, ...]]]] = {}
         self._window = window
         self._new = 0  # overlapped ops since the last re-estimate
+        self.logged: dict[tuple[str, str], float] = {}  # the caller's: factors last logged
 
     def add(self, cls: int, measured: float, predicted: float,
             overlap_s: Sequence[float]) -> None:

@@ -62,6 +62,7 @@ FORMAT_VERSION = 4
 DRIFT_THRESHOLD = 0.15  # |measured / base - 1| (median over a full window) that re-profiles
 DRIFT_MIN_S = 5e-4  # a drift that moves the op's median time by less re-profiles nothing
 INTERFERENCE_CHANGE = 0.01  # a learnt slowdown that moves less keeps the one in use
+LOG_CHANGE = 0.1  # a learnt slowdown is logged when it moves this much since last logged
 REPROFILE_COOLDOWN_S = 300.0  # of op time between re-profiles of one kind or pair (doubles
 # while the drift persists after one)
 
@@ -227,9 +228,14 @@ class Estimators:
                  if abs(v / inter.slowdown.get(k, 1.0) - 1.0) >= INTERFERENCE_CHANGE}
         if not moved:
             return
-        logger.info("co-location slowdowns learnt from the run: %s",
-                    ", ".join(f"{a}|{b} {inter.slowdown.get((a, b), 1.0):.3f}->{v:.3f}"
-                              for (a, b), v in sorted(moved.items())))
+        logged = self.colearn.logged  # pair -> the factor last logged (first: the profile's)
+        news = {k: v for k, v in moved.items()
+                if abs(v / logged.get(k, inter.slowdown.get(k, 1.0)) - 1.0) >= LOG_CHANGE}
+        if news:
+            logger.info("co-location slowdowns learnt from the run: %s", ", ".join(
+                f"{a}|{b} {logged.get((a, b), inter.slowdown.get((a, b), 1.0)):.3f}->{v:.3f}"
+                for (a, b), v in sorted(news.items())))
+            logged.update(news)
         self.interference = self._overlaps.inter = Interference(
             inter.hosts, {**inter.slowdown, **learnt})
         if self.on_interference is not None:

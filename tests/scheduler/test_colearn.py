@@ -113,3 +113,14 @@ def test_frozen_estimators_learn_no_slowdown() -> None:
     est.freeze()
     _book(est, _run(est, 0), rng)
     assert est.interference is not None and est.interference.slowdown == {}
+
+
+def test_a_learnt_slowdown_is_logged_when_it_moves_a_tenth(
+        caplog: pytest.LogCaptureFixture) -> None:
+    rng = random.Random(0)
+    est = _estimators(rng, Interference(HOSTS, {}))
+    with caplog.at_level("INFO", logger="scheduler.estimators"):
+        _book(est, _run(est, 0), rng)
+    lines = [r.getMessage() for r in caplog.records if "co-location" in r.getMessage()]
+    assert lines and "layers|layers 1.000->1.300" in " ".join(lines)
+    assert len(lines) < 5  # not every small change
