@@ -129,6 +129,7 @@ class Estimators:
         self.interference: Interference | None = None  # co-location slowdowns, if profiled
         self._overlaps: Overlaps | None = None
         self.colearn = ColocationLearner()
+        self.learn_colocation = True  # False: keep the profile's slowdowns (an A/B bench)
         # called with the slowdowns once they were learnt anew (the factory wires the GMG)
         self.on_interference: Callable[[Interference], None] | None = None
         self.drift = DriftWatch()
@@ -202,7 +203,7 @@ class Estimators:
 
     def _learn_resolved(self, r: Resolved) -> float:
         op: OpInstance = r.item  # type: ignore[assignment]
-        if not self.frozen and op.role is OpRole.COMPUTE:
+        if not self.frozen and self.learn_colocation and op.role is OpRole.COMPUTE:
             self._colearn(op, r)
         return self._learn(op, r.solo_s)
 

@@ -166,17 +166,26 @@ def twin_spread(first: list[float], second: list[float]) -> dict[str, float]:
     return {"twin_e2e_spread": spread["e2e_error"], "twin_request_spread": spread["request_mape"]}
 
 
-def accuracy(model_spec: str, devices: list[Device], repeats: int, calibrate: int = 8
-             ) -> dict[str, Any]:
+def accuracy(model_spec: str, devices: list[Device], repeats: int, calibrate: int = 8,
+             ab: bool = False) -> dict[str, Any]:
     """Predict a mixed batch workload before issuing it, then run it for real; medians over
     `repeats`, each from the start-up fit (profiled, or read back from its cache), and
-    every repeat's figures (`runs`: how far identical runs spread)."""
+    every repeat's figures (`runs`: how far identical runs spread). `ab`: each repeat also
+    runs with the co-location slowdowns not learnt online (the profile's kept), the two in
+    turn, which goes first alternating by repeat (`without_learning`)."""
     model = load(model_spec, dtype="bfloat16")
-    runs = []
-    for _ in range(repeats):
-        est = load_or_profile(model, devices)
-        runs.append(asyncio.run(_accuracy_run(model, est, devices, calibrate)))
-        gc.collect()
+    runs: dict[bool, list[dict[str, float]]] = {True: [], False: []}
+    for k in range(repeats):
+        for learn in ((True, False) if k % 2 == 0 else (False, True)) if ab else (True,):
+            est = load_or_profile(model, devices)
+            est.learn_colocation = learn
+            runs[learn].append(asyncio.run(_accuracy_run(model, est, devices, calibrate)))
+            gc.collect()
+    out = _medians(runs[True])
+    return {**out, "without_learning": _medians(runs[False])} if ab else out
+
+
+def _medians(runs: list[dict[str, float]]) -> dict[str, Any]:
     keys = runs[0].keys()
     return {**{k: statistics.median(r[k] for r in runs) for k in keys}, "runs": runs}
 
@@ -245,6 +254,9 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     p.add_argument("--parts", default=",".join(PARTS),
                    help="comma-separated, of: speed (synthetic snapshots, seconds), rounds "
                         "(a live run replayed, ~6 min), accuracy (~1 min)")
+    p.add_argument("--colocation-ab", action="store_true",
+                   help="accuracy: also run each repeat without learning co-location "
+                        "slowdowns online, in turn with the runs that learn them")
     p.add_argument("--json", type=Path, default=None)
     a = p.parse_args(argv)
     parts = [x.strip() for x in a.parts.split(",") if x.strip()]
@@ -258,7 +270,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         shared = speed([2, 8, 64], a.ops, a.repeats, shared=True)
         result.update(ops_per_ms=ops, ops_per_ms_shared=shared)
     if "accuracy" in parts:
-        acc = accuracy(a.model, devices, a.repeats)
+        acc = accuracy(a.model, devices, a.repeats, ab=a.colocation_ab)
         result.update(e2e_error=acc["e2e_error"], accuracy=acc)
     if "rounds" in parts:
         rnd = rounds(a.model, devices, a.live_seconds, a.repeats)
@@ -288,14 +300,20 @@ def _report(result: dict, num_ops: int, repeats: int) -> None:
               f"{rnd['live_round_p50_ms']:.3f} ms, p99 {rnd['live_round_p99_ms']:.3f} ms "
               f"over {rnd['live_rounds']} rounds")
     if "accuracy" in result:
-        acc = result["accuracy"]
-        print(f"accuracy: end-to-end predicted {acc['e2e_predicted_s']:.3f} s vs actual "
-              f"{acc['e2e_actual_s']:.3f} s (error {acc['e2e_error']:.2%}); per-request MAPE "
-              f"{acc['request_mape']:.2%}; two identical runs after it differ by "
-              f"{acc['twin_e2e_spread']:.2%} end-to-end, {acc['twin_request_spread']:.2%} "
-              "per request")
-        for k, r in enumerate(acc["runs"]):
-            print(f"  repeat {k + 1}: predicted {r['e2e_predicted_s']:.3f} s, actual "
-                  f"{r['e2e_actual_s']:.3f} s, error {r['e2e_error']:.2%}, per-request MAPE "
-                  f"{r['request_mape']:.2%}; twins {r['twin_e2e_spread']:.2%} / "
-                  f"{r['twin_request_spread']:.2%}")
+        _report_accuracy("accuracy", result["accuracy"])
+        if "without_learning" in result["accuracy"]:
+            _report_accuracy("without learning co-location online",
+                             result["accuracy"]["without_learning"])
+
+
+def _report_accuracy(title: str, acc: dict[str, Any]) -> None:
+    print(f"{title}: end-to-end predicted {acc['e2e_predicted_s']:.3f} s vs actual "
+          f"{acc['e2e_actual_s']:.3f} s (error {acc['e2e_error']:.2%}); per-request MAPE "
+          f"{acc['request_mape']:.2%}; two identical runs after it differ by "
+          f"{acc['twin_e2e_spread']:.2%} end-to-end, {acc['twin_request_spread']:.2%} "
+          "per request")
+    for k, r in enumerate(acc["runs"]):
+        print(f"  repeat {k + 1}: predicted {r['e2e_predicted_s']:.3f} s, actual "
+              f"{r['e2e_actual_s']:.3f} s, error {r['e2e_error']:.2%}, per-request MAPE "
+              f"{r['request_mape']:.2%}; twins {r['twin_e2e_spread']:.2%} / "
+              f"{r['twin_request_spread']:.2%}")

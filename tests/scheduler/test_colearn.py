@@ -107,10 +107,14 @@ def test_a_run_on_fake_executors_teaches_the_injected_slowdowns(seed: int) -> No
     assert abs(excess) < (naive.ops[("cpu", "layers[0:5]")].level - 1.0) / 2
 
 
-def test_frozen_estimators_learn_no_slowdown() -> None:
+@pytest.mark.parametrize("switch", ["freeze", "learn_colocation"])
+def test_frozen_estimators_or_the_switch_off_learn_no_slowdown(switch: str) -> None:
     rng = random.Random(0)
     est = _estimators(rng, Interference(HOSTS, {}))
-    est.freeze()
+    if switch == "freeze":
+        est.freeze()
+    else:
+        est.learn_colocation = False
     _book(est, _run(est, 0), rng)
     assert est.interference is not None and est.interference.slowdown == {}
 

@@ -62,6 +62,11 @@ def test_the_accuracy_report_shows_every_repeat(capsys: pytest.CaptureFixture[st
     assert "error 6.50%" in out and "repeat 2: predicted 0.500 s, actual 0.550 s" in out
     assert "differ by 3.10% end-to-end, 5.20% per request" in out
     assert "twins 3.10% / 5.20%" in out
+    assert "without learning" not in out
+    _report({"accuracy": {**acc, "without_learning": {**acc, "e2e_error": 0.0812}}}, 200, 2)
+    out = capsys.readouterr().out
+    assert "accuracy: end-to-end" in out and "error 6.50%" in out
+    assert "without learning co-location online: end-to-end" in out and "error 8.12%" in out
 
 
 def test_prediction_error_and_the_spread_of_identical_runs() -> None:
