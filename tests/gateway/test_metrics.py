@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import time
+
 import pytest
 
 from tests.gateway.harness import EngineFactory, auth_config, running
@@ -24,10 +27,13 @@ NAMES = (
 
 async def test_names_and_labels(make_engine: EngineFactory) -> None:
     async with running(auth_config(), make_engine()) as h:
+        waits = []
         for key, tier in (("sk-ide-1", None), ("sk-ide-1", "flex"), ("sk-nightly-1", None)):
+            sent = time.perf_counter()
             response = await h.client.post(
                 "/v1/completions", json={"prompt": "hello", "max_tokens": 3, "service_tier": tier},
                 headers={"authorization": f"Bearer {key}"})
+            waits.append(time.perf_counter() - sent)
             assert response.status_code == 200
         response = await h.client.get("/metrics")
         assert response.status_code == 200
@@ -42,4 +48,8 @@ async def test_names_and_labels(make_engine: EngineFactory) -> None:
         assert 'slicegate_tenant_ttft_slo_seconds{priority="high",tenant="ide"} 0.5' in text
         assert 'slicegate_device_busy_ratio{device="cpu:0"}' in text
         assert 'vllm:request_success_total{finished_reason="length"' in text
-        assert 'slicegate_slo_attainment{priority="high"} 1.0' in text
+        # the one high-priority request (the first) met its 0.5 s TTFT SLO if its whole reply
+        # came within it; a busy machine may take longer (in CI: the fresh app's first request)
+        attained = re.search(r'slicegate_slo_attainment\{priority="high"\} (\S+)', text)
+        assert attained is not None
+        assert float(attained[1]) == 1.0 if waits[0] <= 0.5 else float(attained[1]) in (0.0, 1.0)
