@@ -24,11 +24,12 @@ clamped to [1, `CAP`]; pairs without `MIN_SAMPLES` keep the profile's.
 
 from __future__ import annotations
 
+import logging
 import statistics
 from collections import deque
 from collections.abc import Mapping, Sequence
 
-from executors.interference import OP_CLASSES
+from executors.interference import OP_CLASSES, Interference
 
 WINDOW = 64  # ops kept per class (solo) and per pair (overlapped)
 MIN_SAMPLES = 8  # a pair's factor (and a class's solo level) needs this many ops
@@ -36,6 +37,9 @@ DOMINANT = 0.8  # of an op's overlap with one class, for that pair to learn from
 MIN_FRACTION = 0.3  # of an op's own time overlapped, for it to teach a factor
 CAP = 4.0  # a larger factor is clamped (a stall, not co-location)
 UPDATE_EVERY = 16  # overlapped ops between re-estimates
+CHANGE = 0.01  # a learnt factor that moves less keeps the one in use
+LOG_CHANGE = 0.1  # a learnt factor is logged when it moves this much since last logged
+logger = logging.getLogger(__name__)
 
 
 class ColocationLearner:
@@ -50,7 +54,7 @@ class ColocationLearner:
         self._pairs: dict[tuple[int, int], deque[tuple[float, float, tuple[float, ...]]]] = {}
         self._window = window
         self._new = 0  # overlapped ops since the last re-estimate
-        self.logged: dict[tuple[str, str], float] = {}  # the caller's: factors last logged
+        self._logged: dict[tuple[str, str], float] = {}  # factors last logged
 
     def add(self, cls: int, measured: float, predicted: float,
             overlap_s: Sequence[float]) -> None:
@@ -71,6 +75,22 @@ class ColocationLearner:
     def due(self) -> bool:
         """Whether `UPDATE_EVERY` overlapped ops came since the last `slowdowns`."""
         return self._new >= UPDATE_EVERY
+
+    def relearn(self, inter: Interference) -> Interference | None:
+        """`inter` with the learnt factors, if any moved by `CHANGE` (else None); a factor
+        that moved by `LOG_CHANGE` since it was last logged (or since the profile) is logged."""
+        learnt = self.slowdowns(inter.slowdown)
+        moved = {k: v for k, v in learnt.items()
+                 if abs(v / inter.slowdown.get(k, 1.0) - 1.0) >= CHANGE}
+        if not moved:
+            return None
+        was = {k: self._logged.get(k, inter.slowdown.get(k, 1.0)) for k in moved}
+        news = {k: v for k, v in moved.items() if abs(v / was[k] - 1.0) >= LOG_CHANGE}
+        if news:
+            logger.info("co-location slowdowns learnt from the run: %s", ", ".join(
+                f"{a}|{b} {was[(a, b)]:.3f}->{v:.3f}" for (a, b), v in sorted(news.items())))
+            self._logged.update(news)
+        return Interference(inter.hosts, {**inter.slowdown, **learnt})
 
     def slowdowns(self, current: Mapping[tuple[str, str], float]
                   ) -> dict[tuple[str, str], float]:

@@ -13,8 +13,9 @@ op is first brought back to its solo time from what ran beside it
 (scheduler/overlap.py); the slowdowns themselves are refined from those same ops
 (scheduler/colearn.py) and handed to `on_interference`. When an estimator's
 measured/base level drifts past `DRIFT_THRESHOLD` over a full window, and the
-drift moves its median time by `DRIFT_MIN_S` or more, its device kind (or
-transfer pair) is handed out for a background re-profile (scheduler/reprofile.py).
+drift moves its median time by `DRIFT_MIN_S` or more (scheduler/drift.py), its
+device kind (or transfer pair) is handed out for a background re-profile
+(scheduler/reprofile.py).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from executors.interference import Interference
 from executors.types import Device, OpInstance, OpRole, OpState
 from models.batch import BatchShape
 from scheduler.colearn import ColocationLearner
+from scheduler.drift import DriftWatch
 from scheduler.linear import MIN_TIME_S, LinearEstimator
 from scheduler.overlap import Overlaps, Resolved
 
@@ -59,12 +61,6 @@ FALLBACK_XFER_CONST_S = 1e-4
 logger = logging.getLogger(__name__)
 _GROUP = re.compile(r"layers\[(\d+):(\d+)\]")
 FORMAT_VERSION = 4
-DRIFT_THRESHOLD = 0.15  # |measured / base - 1| (median over a full window) that re-profiles
-DRIFT_MIN_S = 5e-4  # a drift that moves the op's median time by less re-profiles nothing
-INTERFERENCE_CHANGE = 0.01  # a learnt slowdown that moves less keeps the one in use
-LOG_CHANGE = 0.1  # a learnt slowdown is logged when it moves this much since last logged
-REPROFILE_COOLDOWN_S = 300.0  # of op time between re-profiles of one kind or pair (doubles
-# while the drift persists after one)
 
 
 def op_features(s: BatchShape, native_rows: int = 1) -> tuple[float, ...]:
@@ -222,25 +218,12 @@ class Estimators:
             self._relearn_interference()
 
     def _relearn_interference(self) -> None:
-        inter = self.interference
-        assert inter is not None and self._overlaps is not None
-        learnt = self.colearn.slowdowns(inter.slowdown)
-        moved = {k: v for k, v in learnt.items()
-                 if abs(v / inter.slowdown.get(k, 1.0) - 1.0) >= INTERFERENCE_CHANGE}
-        if not moved:
-            return
-        logged = self.colearn.logged  # pair -> the factor last logged (first: the profile's)
-        news = {k: v for k, v in moved.items()
-                if abs(v / logged.get(k, inter.slowdown.get(k, 1.0)) - 1.0) >= LOG_CHANGE}
-        if news:
-            logger.info("co-location slowdowns learnt from the run: %s", ", ".join(
-                f"{a}|{b} {logged.get((a, b), inter.slowdown.get((a, b), 1.0)):.3f}->{v:.3f}"
-                for (a, b), v in sorted(news.items())))
-            logged.update(news)
-        self.interference = self._overlaps.inter = Interference(
-            inter.hosts, {**inter.slowdown, **learnt})
-        if self.on_interference is not None:
-            self.on_interference(self.interference)
+        assert self.interference is not None and self._overlaps is not None
+        inter = self.colearn.relearn(self.interference)
+        if inter is not None:
+            self.interference = self._overlaps.inter = inter
+            if self.on_interference is not None:
+                self.on_interference(inter)
 
     def _learn(self, op: OpInstance, seconds: float) -> float:
         if op.role is OpRole.COMPUTE:
@@ -435,36 +418,6 @@ class Estimators:
         for t in d["transfers"]:
             est.transfers[(t["src"], t["dst"])] = LinearEstimator.from_dict(t)
         return est
-
-
-class DriftWatch:
-    """Hands out an estimator's kind (or pair) for a re-profile once its level (measured
-    over profiled time, median of a full window) is off by more than `threshold`; then
-    waits `cooldown_s` of op time before it may again, twice as long after each time
-    while the drift persists. Checks need the observations' times."""
-
-    def __init__(self, threshold: float = DRIFT_THRESHOLD,
-                 cooldown_s: float = REPROFILE_COOLDOWN_S) -> None:
-        self.threshold, self.cooldown_s = threshold, cooldown_s
-        self._next: dict[object, float] = {}  # key -> earliest op time it may fire again
-        self._wait: dict[object, float] = {}  # key -> the cooldown after its next firing
-        self.fired: list[object] = []  # keys handed out, in order
-
-    def check(self, est: LinearEstimator, key: object, at: float | None) -> bool:
-        level = est.drift()
-        if level is None or at is None:
-            return False
-        if abs(level - 1.0) <= self.threshold:
-            self._wait.pop(key, None)  # back where it was profiled: a later drift is new
-            return False
-        if abs(1.0 - 1.0 / level) * est.median_seconds() < DRIFT_MIN_S:
-            return False  # NOTE: a 35 us embedding read 1.5x its profile by Python overhead alone
-        if at < self._next.get(key, float("-inf")):
-            return False
-        wait = self._wait.get(key, self.cooldown_s)
-        self._next[key], self._wait[key] = at + wait, 2 * wait
-        self.fired.append(key)
-        return True
 
 
 def _xfer_name(src: str, dst: str) -> str:

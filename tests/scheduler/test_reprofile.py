@@ -11,7 +11,7 @@ from executors.types import Priority
 from models.batch import BatchShape
 from models.loader import load
 from models.sampling_params import SamplingParams
-from scheduler import estimators
+from scheduler import drift
 from scheduler.config import SchedulerConfig
 from scheduler.factory import build_scheduler, parse_devices
 from scheduler.ieg import FinishReason, Request
@@ -48,7 +48,7 @@ async def test_a_drifted_kind_is_profiled_again_when_the_devices_are_idle(
         caplog: pytest.LogCaptureFixture) -> None:
     # NOTE: the tiny model's ops take microseconds, whose drifts re-profile nothing (the floor
     # has its own test); here the drift must count
-    monkeypatch.setattr(estimators, "DRIFT_MIN_S", 0.0)
+    monkeypatch.setattr(drift, "DRIFT_MIN_S", 0.0)
     model = load(tiny_model_dir, dtype="float32")
     est = load_or_profile(model, ["cpu:0", "cpu:1"], tmp_path, SMALL)
     assert est.interference is not None  # two CPU devices: the co-location sweep ran
