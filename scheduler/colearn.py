@@ -94,8 +94,9 @@ class ColocationLearner:
 
     def slowdowns(self, current: Mapping[tuple[str, str], float]
                   ) -> dict[tuple[str, str], float]:
-        """The learnt factor of every pair with enough ops (and a solo level of its class),
-        the others' overlaps counted at `current` (absent: 1.0)."""
+        """The learnt factor of every pair with enough ops (against its class's solo level,
+        1.0 without enough solo ops), the others' overlaps counted at `current` (absent:
+        1.0)."""
         self._new = 0
         out = {}
         for (a, b), ops in self._pairs.items():
