@@ -13,6 +13,7 @@ from models.loader import load
 from models.sampling_params import SamplingParams
 from scheduler import drift
 from scheduler.config import SchedulerConfig
+from scheduler.estimators import op_features
 from scheduler.factory import build_scheduler, parse_devices
 from scheduler.ieg import FinishReason, Request
 from scheduler.profiling import Sweep, load_or_profile
@@ -85,9 +86,13 @@ async def test_a_drifted_kind_is_profiled_again_when_the_devices_are_idle(
         assert 0.5 < layers.level < 2.0  # measured against the new profile
         assert est.op_time("cpu:0", name, shape) == pytest.approx(true_s, rel=0.5)
         assert sched.stats().reprofiles == {"cpu": 1}
+        fresh_s = layers.predict_base(op_features(shape, est.native_rows))  # re-profiled
     finally:
         await sched.stop()
-    # the next start reads the re-profile back from the cache, not the old profile
+    # the next start reads the re-profile back from the cache, not the old profile (3x
+    # slower); NOTE: compared with the re-profile's own fit, not with `true_s`: a re-profile
+    # on a loaded machine (CI) measured this sub-millisecond op at 1.6x the first profile
     again = load_or_profile(model, ["cpu:0", "cpu:1"], tmp_path, SMALL)
-    assert again.op_time("cpu:0", name, shape) == pytest.approx(true_s, rel=0.5)
+    assert again.op_time("cpu:0", name, shape) == pytest.approx(fresh_s, rel=1e-9)
+    assert fresh_s != pytest.approx(3 * true_s, rel=0.01)
     assert again.transfers.keys() == est.transfers.keys() and again.interference is not None
