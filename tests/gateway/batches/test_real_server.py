@@ -1,5 +1,10 @@
 """The Batch API on a real `gateway serve --model tiny-random` process: the official openai
-client end to end, a 200-line batch beside an interactive tenant's SLO, SIGKILL and restart."""
+client end to end, a 200-line batch beside an interactive tenant's SLO, SIGKILL and restart.
+
+The SLO test holds the server's own TTFT (arrival to first token, its histogram) to the SLO
+for every interactive request; the client's wall time, which also counts this process and
+the OS sharing a 2-core machine with the server, may miss it for one request in ten (a
+loaded CI run saw one of 29 at 0.92 s where the others took 0.02-0.4 s)."""
 
 from __future__ import annotations
 
@@ -88,6 +93,25 @@ async def _interactive(client: httpx.AsyncClient, stop: asyncio.Event,
         await asyncio.sleep(0.2)
 
 
+async def _server_ttfts(client: httpx.AsyncClient, tenant: str) -> tuple[int, int]:
+    """(first tokens, those within the SLO) by the server's own TTFT histogram for a tenant."""
+    rows = [row for row in (await client.get("/metrics")).text.splitlines()
+            if row.startswith("vllm:time_to_first_token_seconds_") and f'tenant="{tenant}"' in row]
+
+    def total(part: str) -> int:
+        return sum(int(float(row.rsplit(" ", 1)[1])) for row in rows if part in row)
+    return total("_count{"), total(f'le="{SLO_MS / 1000}"')
+
+
+async def _settled_ttfts(client: httpx.AsyncClient, count: int) -> tuple[int, int]:
+    """The ide tenant's counts once `count` requests are in (a request counts as it ends)."""
+    deadline = time.monotonic() + 10
+    while (counts := await _server_ttfts(client, "ide"))[0] < count \
+            and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    return counts
+
+
 async def _low_waiting(client: httpx.AsyncClient) -> int:
     text = (await client.get("/metrics")).text
     return sum(int(float(row.rsplit(" ", 1)[1])) for row in text.splitlines()
@@ -103,6 +127,7 @@ async def test_two_hundred_lines_complete_while_interactive_requests_meet_their_
                                      data={"purpose": "batch"},
                                      files={"file": ("in.jsonl", data)})).json()["id"]
         ttfts: list[float] = []
+        before = await _server_ttfts(client, "ide")
         stop = asyncio.Event()
         load = asyncio.create_task(_interactive(client, stop, ttfts))
         batch = (await client.post("/v1/batches", headers=auth("sk-nightly-1"), json={
@@ -116,11 +141,14 @@ async def test_two_hundred_lines_complete_while_interactive_requests_meet_their_
                                       headers=auth("sk-nightly-1"))).json()
         stop.set()
         await load
+        after = await _settled_ttfts(client, before[0] + len(ttfts))
     assert batch["status"] == "completed"
     assert batch["request_counts"] == {"total": 200, "completed": 200, "failed": 0}
     assert len(ttfts) >= 5, ttfts
-    late = [t for t in ttfts if t > SLO_MS / 1000]
-    assert not late, f"{len(late)} of {len(ttfts)} interactive requests missed {SLO_MS} ms"
+    served, within = after[0] - before[0], after[1] - before[1]
+    assert served == len(ttfts) and within == served, (served, within)  # the server's own TTFT
+    late = [round(t, 3) for t in ttfts if t > SLO_MS / 1000]
+    assert len(late) <= len(ttfts) // 10, f"{late} of {len(ttfts)} missed {SLO_MS} ms"
     assert max(waiting) <= MAX_WAITING, waiting  # the low queue stayed short
 
 
