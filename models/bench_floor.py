@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from models import native
-from models.choices import GemmChoice
+from models.choices import PREFETCH, GemmChoice
 from models.linear import Linear, onednn_available
 from models.loader import Model
 from models.ops import HeadOp, LayerGroupOp
@@ -64,7 +64,8 @@ def _choices(dtype: torch.dtype, upcast: bool) -> list[tuple[str, GemmChoice]]:
     if onednn_available(dtype):
         out.append(("onednn", GemmChoice("onednn")))
     if native.supports(dtype):
-        out.append(("native", GemmChoice("aten", native_rows=NATIVE_MAX_ROWS)))
+        out += [(f"native@{pf}", GemmChoice("aten", native_rows=NATIVE_MAX_ROWS, prefetch=pf))
+                for pf in PREFETCH]
     return [(f"{k}+fp32" if upcast else k, c) for k, c in out]
 
 

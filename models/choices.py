@@ -14,6 +14,7 @@ GEMM_BACKENDS = ("aten", "onednn")
 DECODE_KERNELS = ("sdpa", "matmul", "native")
 NORM_ROPE_KERNELS = ("aten", "native")
 DECODE_LAYERS = ("ops", "native")
+PREFETCH = ("l1", "l2")
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +24,7 @@ class GemmChoice:
     backend: str = "aten"  # "aten": F.linear on plain weights | "onednn": pre-packed weights
     pack_rows: int | None = None  # onednn: the batch-size hint its weight layout is packed for
     native_rows: int = 0  # inputs of up to this many rows run the native GEMV instead
+    prefetch: str = "l1"  # the native GEMV prefetches weight rows into L1 or L2 (gemv.c)
     # a half-precision model's GEMMs on float32 copies of its weights (inputs cast up,
     # outputs cast back): on a CPU without bf16 arithmetic that is faster (see linear.py)
     upcast: bool = False
@@ -31,6 +33,8 @@ class GemmChoice:
     def __post_init__(self) -> None:
         if self.backend not in GEMM_BACKENDS:
             raise ValueError(f"unknown GEMM backend {self.backend!r}")
+        if self.prefetch not in PREFETCH:
+            raise ValueError(f"unknown GEMV prefetch level {self.prefetch!r}")
 
     @property
     def few_rows(self) -> int:
@@ -42,7 +46,8 @@ class GemmChoice:
         out = self.backend if self.pack_rows is None else f"{self.backend}@{self.pack_rows}"
         out += "+fp32" if self.upcast else ""
         out += f"+half<={self.half_rows}" if self.half_rows else ""
-        return out + (f"+native<={self.native_rows}" if self.native_rows else "")
+        native = f"+native<={self.native_rows}" if self.native_rows else ""
+        return out + native + ("@l2" if native and self.prefetch == "l2" else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +89,7 @@ class KernelChoice:
         g, lay = self.gemm, self.layer
         return {"gemm": {"backend": g.backend, "pack_rows": g.pack_rows,
                          "native_rows": g.native_rows, "upcast": g.upcast,
-                         "half_rows": g.half_rows},
+                         "half_rows": g.half_rows, "prefetch": g.prefetch},
                 "layer": {"matmul_max_scores": lay.matmul_max_scores, "decode": lay.decode,
                           "norm_rope": lay.norm_rope, "decode_layer": lay.decode_layer,
                           "pad_rows": lay.pad_rows}}

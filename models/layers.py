@@ -169,4 +169,4 @@ def native_decoder_layer(x: torch.Tensor, w: LayerWeights, dims: AttnDims, cos: 
     return native.decode_layer(x.contiguous(), weights, dims.eps,
                                (dims.num_heads, dims.num_kv_heads, dims.head_dim), cos, sin,
                                kv.keys[layer], kv.values[layer], batch.slot_mapping, g.blocks,
-                               g.lens)
+                               g.lens, w.qkv.prefetch)

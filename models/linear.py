@@ -61,6 +61,7 @@ class Linear:
     out_dtype: torch.dtype | None = None  # upcast: the model's dtype (weights are float32)
     half: Linear | None = None  # upcast: plain aten in the model's dtype, for few rows
     half_rows: int = 0  # upcast: inputs of up to this many rows run `half`
+    prefetch: str = "l1"  # where the native GEMV prefetches weight rows (`GemmChoice`)
 
     @classmethod
     def build(cls, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -68,19 +69,20 @@ class Linear:
         """`weight` [N, K] laid out for `choice` (CPU only; elsewhere always aten)."""
         if weight.device.type != "cpu":
             return cls(weight, bias, False)
-        out_dtype, half = None, None
+        out_dtype, half, pf = None, None, choice.prefetch
         if choice.upcast and weight.dtype != torch.float32:
             if choice.half_rows:  # NOTE: its rows within `native_rows` run the native GEMV
-                half = cls(weight.contiguous(), bias, False, choice.native_rows)
+                half = cls(weight.contiguous(), bias, False, choice.native_rows, prefetch=pf)
             out_dtype, weight = weight.dtype, weight.float()
             bias = None if bias is None else bias.float()
         weight = weight.contiguous()
         half_rows = choice.half_rows if half is not None else 0
         if choice.backend != "onednn":
-            return cls(weight, bias, False, choice.native_rows, None, out_dtype, half, half_rows)
+            return cls(weight, bias, False, choice.native_rows, None, out_dtype, half, half_rows,
+                       pf)
         packed = _mkldnn._reorder_linear_weight(weight, choice.pack_rows)
         keep = weight if choice.native_rows else None
-        return cls(packed, bias, True, choice.native_rows, keep, out_dtype, half, half_rows)
+        return cls(packed, bias, True, choice.native_rows, keep, out_dtype, half, half_rows, pf)
 
     @property
     def upcast(self) -> bool:
@@ -96,7 +98,7 @@ class Linear:
     def _run(self, x: torch.Tensor, epilogue: str, other: torch.Tensor | None) -> torch.Tensor:
         w = self._native(x)
         if w is not None:
-            return native.linear(x, w, self.bias, epilogue, other)
+            return native.linear(x, w, self.bias, epilogue, other, self.prefetch)
         if not self.packed:
             y = F.linear(x, self.weight, self.bias)
             if epilogue == "silu":

@@ -36,18 +36,19 @@ CFLAGS = ("-O3", "-fPIC", "-shared", "-std=gnu11", "-Wno-psabi")
 _X86 = ("x86_64", "amd64", "i686", "i386")
 _CSRC = Path(__file__).parent / "csrc"
 EPILOGUES = {"none": 0, "silu": 1, "mul": 2, "add": 3}
+PREFETCH_LEVELS = {"l1": 0, "l2": 1}  # where the GEMV prefetches weight rows (csrc/gemv.c)
 _SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
 
 _P, _I64, _INT, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 _SIGNATURES = {
-    "gemv": [_P, _I64, _P, _P, _P, _I64, _P, _I64, _I64, _I64, _I64, _INT],
+    "gemv": [_P, _I64, _P, _P, _P, _I64, _P, _I64, _I64, _I64, _I64, _INT, _INT],
     "rms_norm": [_P, _I64, _P, _P, _I64, _I64, _I64, _F],
     "rope": [_P, _I64, _P, _P, _I64, _I64, _I64],
     "rope_write": [_P, _I64, _P, _P, _I64, _I64, _I64, _I64, _P, _P, _I64, _I64, _P],
     "decode_attn": [_P, _I64, _P, _P, _I64, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _I64,
                     _I64, _F],
     "decode_layer": [_P, _P, _I64, _I64, _I64, _I64, _I64, _I64, _P, _P, _F, _P, _P, _P, _P, _P,
-                     _P, _P, _P, _P, _P, _P, _I64, _I64, _P, _P, _I64, _P],
+                     _P, _P, _P, _P, _P, _P, _I64, _I64, _P, _P, _I64, _P, _INT],
 }
 
 
@@ -145,8 +146,9 @@ def _ok(rc: int, what: str) -> None:
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, epilogue: str = "none",
-           other: torch.Tensor | None = None) -> torch.Tensor:
-    """epi(x @ w.T + bias) for a few rows. x: [M, K] (rows unit-stride); w: [N, K] contiguous."""
+           other: torch.Tensor | None = None, prefetch: str = "l1") -> torch.Tensor:
+    """epi(x @ w.T + bias) for a few rows. x: [M, K] (rows unit-stride); w: [N, K] contiguous;
+    `prefetch`: the cache level weight rows are prefetched into (`PREFETCH_LEVELS`)."""
     m, k = x.shape
     n = w.shape[0]
     assert x.stride(1) == 1 and w.is_contiguous() and x.dtype == w.dtype
@@ -156,7 +158,8 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, epilogue
     _ok(_fn("gemv", x.dtype)(
         x.data_ptr(), x.stride(0), w.data_ptr(), None if bias is None else bias.data_ptr(),
         y.data_ptr(), n, None if other is None else other.data_ptr(),
-        0 if other is None else other.stride(0), m, n, k, EPILOGUES[epilogue]), "gemv")
+        0 if other is None else other.stride(0), m, n, k, EPILOGUES[epilogue],
+        PREFETCH_LEVELS[prefetch]), "gemv")
     return y
 
 
@@ -229,13 +232,13 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 def decode_layer(x: torch.Tensor, weights: list[torch.Tensor | None], eps: float,
                  heads: tuple[int, int, int], cos: torch.Tensor, sin: torch.Tensor,
                  keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor,
-                 tables: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+                 tables: torch.Tensor, lens: torch.Tensor, prefetch: str = "l1") -> torch.Tensor:
     """A whole decoder layer for M decode rows (csrc/decode_layer.c). x: [M, D] -> [M, D].
 
     weights: input norm, post norm, qkv, qkv bias, o, o bias, gate, up, down, each
     plain and contiguous (biases may be None); heads: (H, Hkv, d); cos, sin:
     [M, 1, d]; keys, values: [Hkv, num_blocks, bs, d]; slots: [M]; tables:
-    [M, nb]; lens: [M] (all int64, contiguous).
+    [M, nb]; lens: [M] (all int64, contiguous); `prefetch`: the GEMVs' (`linear`).
     """
     m, dim = x.shape
     h, hkv, d = heads
@@ -247,5 +250,5 @@ def decode_layer(x: torch.Tensor, weights: list[torch.Tensor | None], eps: float
         _ptr(post_norm), eps, _ptr(qkv), _ptr(qkv_b), _ptr(o), _ptr(o_b), _ptr(gate), _ptr(up),
         _ptr(down), cos.data_ptr(), sin.data_ptr(), keys.data_ptr(), values.data_ptr(),
         keys.shape[1], keys.shape[2], slots.data_ptr(), tables.data_ptr(), tables.shape[1],
-        lens.data_ptr()), "decode layer")
+        lens.data_ptr(), PREFETCH_LEVELS[prefetch]), "decode layer")
     return out

@@ -18,7 +18,7 @@ from models import attention as attn
 from models import layers as lay
 from models import native
 from models.batch import DecodeGroup, SeqSpec, build_batch
-from models.choices import GemmChoice, LayerChoice
+from models.choices import PREFETCH, GemmChoice, LayerChoice
 from models.config import ModelConfig
 from models.kernels import layer_for
 from models.kv_cache import KVCache
@@ -29,6 +29,7 @@ GEMM_ROWS = (1, 16, 128, 512)
 COMPUTE_BOUND_ROWS = 128  # from here GEMMs are compute-bound: a few layers' weights suffice
 COMPUTE_BOUND_LAYERS = 3
 NATIVE_ROWS = (1, 2, 4, 8)
+PREFETCH_ROWS = (1, 2)
 NORM_TOKENS = (1, 16, 128, 512)
 GEMM_BUDGET_BYTES = 256 << 20  # weights timed per candidate: enough to stream from memory
 PREFILL_SIZES = (16, 32, 64, 128, 256, 512)
@@ -108,13 +109,32 @@ def measure_gemm(layers: list[LayerWeights], dtype: torch.dtype,
         chosen, base = _half_rows(plain, sets, chosen, dtype, repeats, ms)
     if not native.supports(torch.float32 if chosen.upcast else dtype):
         return chosen, ms
-    gemv = [Linear.build(lin.plain(), lin.plain_bias(),
-                         GemmChoice("aten", native_rows=max(NATIVE_ROWS), upcast=chosen.upcast,
-                                    half_rows=chosen.half_rows)) for lin in plain]
-    rows, native_ms = _rows_won(gemv, base, dtype, repeats)  # NOTE: on the half copy too
+    gemvs = {pf: _gemv_linears(plain, chosen, pf) for pf in PREFETCH}
+    level, ms["native_prefetch"] = _prefetch_level(gemvs, dtype, repeats)
+    rows, native_ms = _rows_won(gemvs[level], base, dtype, repeats)  # NOTE: on the half copy too
     key = replace(chosen, half_rows=0).name  # NOTE: timings stay under the candidate's name
     ms["native"], ms[key] = native_ms["fast"], {**ms[key], **native_ms["base"]}
-    return replace(chosen, native_rows=rows), ms
+    return replace(chosen, native_rows=rows, prefetch=level), ms
+
+
+def _gemv_linears(plain: list[Linear], chosen: GemmChoice, prefetch: str) -> list[Linear]:
+    """`plain` with up to `max(NATIVE_ROWS)` rows on the native GEMV prefetching into
+    `prefetch`, the rest as `chosen` runs them on the model's dtype (aten)."""
+    choice = GemmChoice("aten", native_rows=max(NATIVE_ROWS), upcast=chosen.upcast,
+                        half_rows=chosen.half_rows, prefetch=prefetch)
+    return [Linear.build(lin.plain(), lin.plain_bias(), choice) for lin in plain]
+
+
+def _prefetch_level(gemvs: dict[str, list[Linear]], dtype: torch.dtype,
+                    repeats: int) -> tuple[str, dict[str, dict[int, float]]]:
+    """The cache level the native GEMV streams its weights fastest through, by total time at
+    the row counts decode steps run most (1 and 2), and the timings."""
+    ms: dict[str, dict[int, float]] = {pf: {} for pf in gemvs}
+    for rows in PREFETCH_ROWS:
+        got = median_ms({pf: _gemm_run(lins, rows, dtype) for pf, lins in gemvs.items()}, repeats)
+        for pf, t in got.items():
+            ms[pf][rows] = t
+    return min(ms, key=lambda pf: sum(ms[pf].values())), ms
 
 
 def _half_rows(plain: list[Linear], sets: dict[GemmChoice, list[Linear]], chosen: GemmChoice,

@@ -8,7 +8,8 @@ of a (CPU, torch, model shape, dtype, threads) this module times
 - each GEMM backend (`models.linear`) over the model's own layer weights at
   1, 16, 128 and 512 rows, weights streamed from memory as in a real step
   (from 128 rows, compute-bound, over three layers' weights), then
-  the native GEMV (`models.native`) against it at 1, 2, 4 and 8 rows;
+  the native GEMV (`models.native`) prefetching into L1 against L2 at 1 and 2
+  rows, then the faster of them against the chosen backend at 1, 2, 4 and 8 rows;
 - explicit-matmul against SDPA attention for causal prefills of 16..512 tokens;
 - the decode attention kernels at batch 1, 8 and 32 over mixed contexts in a
   paged cache (the gather included where a kernel needs one);
@@ -50,7 +51,7 @@ from models.linear import onednn_available
 
 logger = logging.getLogger(__name__)
 
-TUNING_VERSION = 5  # NOTE: bump when candidates or the method change, so caches are remeasured
+TUNING_VERSION = 6  # NOTE: bump when candidates or the method change, so caches are remeasured
 
 
 @dataclass(slots=True)

@@ -6,7 +6,7 @@
  * paged attention -> o GEMV + residual -> RMSNorm -> gate GEMV with SiLU ->
  * up GEMV times it -> down GEMV + residual.
  * x, out: [M, D]; cos, sin: [M, hd]; kc, vc: [Hkv, NB, bs, hd]; slots: [M];
- * tables: [M, nbt]; lens: [M].
+ * tables: [M, nbt]; lens: [M]; pf: the GEMVs' prefetch level (gemv.c).
  */
 #include "common.h"
 #include "kernels.h"
@@ -16,7 +16,7 @@
     int64_t I, const DT *in_norm, const DT *post_norm, float eps, const DT *w_qkv,          \
     const DT *b_qkv, const DT *w_o, const DT *b_o, const DT *w_gate, const DT *w_up,        \
     const DT *w_down, const DT *cos, const DT *sin, DT *kc, DT *vc, int64_t NB, int64_t bs, \
-    const int64_t *slots, const int64_t *tables, int64_t nbt, const int64_t *lens
+    const int64_t *slots, const int64_t *tables, int64_t nbt, const int64_t *lens, int pf
 
 #define LAYER_BODY(DT, SFX)                                                                \
     int64_t nqkv = (H + 2 * Hkv) * hd, rc = 0;                                              \
@@ -25,16 +25,16 @@
     DT *g = malloc(sizeof(DT) * M * I), *a = malloc(sizeof(DT) * M * I);                    \
     if (!hn || !qkv || !att || !h || !g || !a) { rc = -2; goto done; }                      \
     rms_norm_##SFX(x, D, in_norm, hn, D, M, D, eps);                                        \
-    gemv_##SFX(hn, D, w_qkv, b_qkv, qkv, nqkv, NULL, 0, M, nqkv, D, EPI_NONE);              \
+    gemv_##SFX(hn, D, w_qkv, b_qkv, qkv, nqkv, NULL, 0, M, nqkv, D, EPI_NONE, pf);          \
     rope_write_##SFX(qkv, nqkv, cos, sin, M, H, Hkv, hd, kc, vc, NB, bs, slots);            \
     rc = decode_attn_##SFX(qkv, nqkv, kc, vc, Hkv, NB, bs, hd, tables, nbt, lens, att,      \
                            H * hd, M, H, 1.f / sqrtf((float)hd));                           \
     if (rc) goto done;                                                                     \
-    gemv_##SFX(att, H * hd, w_o, b_o, h, D, x, D, M, D, H * hd, EPI_ADD);                   \
+    gemv_##SFX(att, H * hd, w_o, b_o, h, D, x, D, M, D, H * hd, EPI_ADD, pf);               \
     rms_norm_##SFX(h, D, post_norm, hn, D, M, D, eps);                                      \
-    gemv_##SFX(hn, D, w_gate, NULL, g, I, NULL, 0, M, I, D, EPI_SILU);                      \
-    gemv_##SFX(hn, D, w_up, NULL, a, I, g, I, M, I, D, EPI_MUL);                            \
-    gemv_##SFX(a, I, w_down, NULL, out, D, h, D, M, D, I, EPI_ADD);                         \
+    gemv_##SFX(hn, D, w_gate, NULL, g, I, NULL, 0, M, I, D, EPI_SILU, pf);                  \
+    gemv_##SFX(hn, D, w_up, NULL, a, I, g, I, M, I, D, EPI_MUL, pf);                        \
+    gemv_##SFX(a, I, w_down, NULL, out, D, h, D, M, D, I, EPI_ADD, pf);                     \
 done:                                                                                      \
     free(hn); free(qkv); free(att); free(h); free(g); free(a);                             \
     return (int)rc;

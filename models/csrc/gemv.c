@@ -4,12 +4,18 @@
  * x: [M, K] with row stride ldx; w: [N, K] contiguous; y, other: [M, N] with row
  * strides ldy, ldo. Tiles of 4 weight rows x 4 input rows; weight rows are
  * prefetched PF_ROWS ahead (a single stream per tile is too little for the
- * hardware prefetcher to keep a core's memory bandwidth busy). bf16 results are
+ * hardware prefetcher to keep a core's memory bandwidth busy), into L1 (pf 0) or
+ * into L2 (pf 1): which streams faster differs between CPUs (on one AMD EPYC, L2
+ * read 1.7x faster), so it is measured (`models.probes`). bf16 results are
  * rounded once, to nearest even.
  */
 #include "common.h"
 
 #define PF_ROWS 16
+
+/* NOTE: the locality hint must be a constant; PL is one in each inlined tile. */
+#define PREFETCH(p, PL) \
+    do { if (PL) __builtin_prefetch((p), 0, 2); else __builtin_prefetch((p), 0, 3); } while (0)
 
 static inline float epilogue(float acc, int epi, float other) {
     switch (epi) {
@@ -23,7 +29,8 @@ static inline float epilogue(float acc, int epi, float other) {
 /* out[i][j] = dot(x row i, w row j) over K, for a 4 x 4 tile; x rows in fp32 or bf16. */
 #if defined(__AVX512BF16__)
 static inline __attribute__((always_inline)) void tile_bf16(
-        const uint16_t *w, int64_t K, const uint16_t *const xr[4], float out[4][4], const int MT) {
+        const uint16_t *w, int64_t K, const uint16_t *const xr[4], float out[4][4], const int MT,
+        const int PL) {
     __m512 a[4][4];
     for (int i = 0; i < MT; i++)
         for (int j = 0; j < 4; j++) a[i][j] = _mm512_setzero_ps();
@@ -31,7 +38,7 @@ static inline __attribute__((always_inline)) void tile_bf16(
     for (; k + 32 <= K; k += 32) {
         __m512bh wv[4];
         for (int j = 0; j < 4; j++) {
-            __builtin_prefetch(w + (PF_ROWS + j) * K + k);
+            PREFETCH(w + (PF_ROWS + j) * K + k, PL);
             wv[j] = (__m512bh)_mm512_loadu_si512(w + j * K + k);
         }
         for (int i = 0; i < MT; i++) {
@@ -50,13 +57,14 @@ static inline __attribute__((always_inline)) void tile_bf16(
 /* 8 lanes: without AVX512 a 16-lane vector is two registers, and a tile's accumulators and
  * weight vectors would need more registers than AVX2's 16 (spilled on every step). */
 static inline __attribute__((always_inline)) void tile_bf16(
-        const uint16_t *w, int64_t K, const uint16_t *const xr[4], float out[4][4], const int MT) {
+        const uint16_t *w, int64_t K, const uint16_t *const xr[4], float out[4][4], const int MT,
+        const int PL) {
     f32x8 a[4][4] = {{{0}}};
     int64_t k = 0;
     for (; k + 8 <= K; k += 8) {
         f32x8 wv[4];
         for (int j = 0; j < 4; j++) {
-            if (!(k & 31)) __builtin_prefetch(w + (PF_ROWS + j) * K + k);
+            if (!(k & 31)) PREFETCH(w + (PF_ROWS + j) * K + k, PL);
             wv[j] = ld8_bf16(w + j * K + k);
         }
         for (int i = 0; i < MT; i++) {
@@ -73,13 +81,14 @@ static inline __attribute__((always_inline)) void tile_bf16(
 }
 #else
 static inline __attribute__((always_inline)) void tile_bf16(
-        const uint16_t *w, int64_t K, const uint16_t *const xr[4], float out[4][4], const int MT) {
+        const uint16_t *w, int64_t K, const uint16_t *const xr[4], float out[4][4], const int MT,
+        const int PL) {
     f32x16 a[4][4] = {{{0}}};
     int64_t k = 0;
     for (; k + 16 <= K; k += 16) {
         f32x16 wv[4];
         for (int j = 0; j < 4; j++) {
-            __builtin_prefetch(w + (PF_ROWS + j) * K + k);
+            PREFETCH(w + (PF_ROWS + j) * K + k, PL);
             wv[j] = ld_bf16(w + j * K + k);
         }
         for (int i = 0; i < MT; i++) {
@@ -98,13 +107,14 @@ static inline __attribute__((always_inline)) void tile_bf16(
 
 #if !defined(__AVX512F__)
 static inline __attribute__((always_inline)) void tile_f32(
-        const float *w, int64_t K, const float *const xr[4], float out[4][4], const int MT) {
+        const float *w, int64_t K, const float *const xr[4], float out[4][4], const int MT,
+        const int PL) {
     f32x8 a[4][4] = {{{0}}};  /* 8 lanes without AVX512: see tile_bf16 */
     int64_t k = 0;
     for (; k + 8 <= K; k += 8) {
         f32x8 wv[4];
         for (int j = 0; j < 4; j++) {
-            if (!(k & 15)) __builtin_prefetch(w + (PF_ROWS + j) * K + k);
+            if (!(k & 15)) PREFETCH(w + (PF_ROWS + j) * K + k, PL);
             memcpy(&wv[j], w + j * K + k, sizeof wv[j]);
         }
         for (int i = 0; i < MT; i++) {
@@ -122,13 +132,14 @@ static inline __attribute__((always_inline)) void tile_f32(
 }
 #else
 static inline __attribute__((always_inline)) void tile_f32(
-        const float *w, int64_t K, const float *const xr[4], float out[4][4], const int MT) {
+        const float *w, int64_t K, const float *const xr[4], float out[4][4], const int MT,
+        const int PL) {
     f32x16 a[4][4] = {{{0}}};
     int64_t k = 0;
     for (; k + 16 <= K; k += 16) {
         f32x16 wv[4];
         for (int j = 0; j < 4; j++) {
-            __builtin_prefetch(w + (PF_ROWS + j) * K + k);
+            PREFETCH(w + (PF_ROWS + j) * K + k, PL);
             wv[j] = ld_f32(w + j * K + k);
         }
         for (int i = 0; i < MT; i++) {
@@ -145,6 +156,15 @@ static inline __attribute__((always_inline)) void tile_f32(
 }
 #endif
 
+/* The tile for the rows left (1..4), prefetching into L1 (PL 0) or L2 (PL 1). */
+#define TILES(TILE, PL)                                                                 \
+    switch (M - m0) {                                                                   \
+    case 1: TILE(w + n0 * K, K, xr, acc, 1, PL); break;                                 \
+    case 2: TILE(w + n0 * K, K, xr, acc, 2, PL); break;                                 \
+    case 3: TILE(w + n0 * K, K, xr, acc, 3, PL); break;                                 \
+    default: TILE(w + n0 * K, K, xr, acc, 4, PL); break;                                \
+    }
+
 /* One generic driver: DT is the element type, TILE the tile kernel, LD / ST load and store. */
 #define GEMV_BODY(DT, TILE, LD, ST)                                                     \
     for (int64_t m0 = 0; m0 < M; m0 += 4) {                                             \
@@ -153,12 +173,7 @@ static inline __attribute__((always_inline)) void tile_f32(
         for (int64_t n0 = 0; n0 < N; n0 += 4) {                                         \
             float acc[4][4];                                                            \
             if (n0 + 4 <= N) {                                                          \
-                switch (M - m0) {                                                       \
-                case 1: TILE(w + n0 * K, K, xr, acc, 1); break;                         \
-                case 2: TILE(w + n0 * K, K, xr, acc, 2); break;                         \
-                case 3: TILE(w + n0 * K, K, xr, acc, 3); break;                         \
-                default: TILE(w + n0 * K, K, xr, acc, 4); break;                        \
-                }                                                                       \
+                if (pf) TILES(TILE, 1) else TILES(TILE, 0)                              \
             } else {                                                                    \
                 for (int i = 0; i < 4; i++)                                             \
                     for (int64_t j = 0; j < N - n0; j++) {                              \
@@ -183,12 +198,12 @@ static inline __attribute__((always_inline)) void tile_f32(
 
 int gemv_bf16(const uint16_t *x, int64_t ldx, const uint16_t *w, const uint16_t *bias,
               uint16_t *y, int64_t ldy, const uint16_t *other, int64_t ldo,
-              int64_t M, int64_t N, int64_t K, int epi) {
+              int64_t M, int64_t N, int64_t K, int epi, int pf) {
     GEMV_BODY(uint16_t, tile_bf16, bf16_to_f32, f32_to_bf16)
 }
 
 int gemv_f32(const float *x, int64_t ldx, const float *w, const float *bias,
              float *y, int64_t ldy, const float *other, int64_t ldo,
-             int64_t M, int64_t N, int64_t K, int epi) {
+             int64_t M, int64_t N, int64_t K, int epi, int pf) {
     GEMV_BODY(float, tile_f32, ID, ID)
 }

@@ -6,10 +6,10 @@
 
 int gemv_bf16(const uint16_t *x, int64_t ldx, const uint16_t *w, const uint16_t *bias,
               uint16_t *y, int64_t ldy, const uint16_t *other, int64_t ldo,
-              int64_t M, int64_t N, int64_t K, int epi);
+              int64_t M, int64_t N, int64_t K, int epi, int pf);
 int gemv_f32(const float *x, int64_t ldx, const float *w, const float *bias,
              float *y, int64_t ldy, const float *other, int64_t ldo,
-             int64_t M, int64_t N, int64_t K, int epi);
+             int64_t M, int64_t N, int64_t K, int epi, int pf);
 int rms_norm_bf16(const uint16_t *x, int64_t ldx, const uint16_t *w, uint16_t *y, int64_t ldy,
                   int64_t T, int64_t D, float eps);
 int rms_norm_f32(const float *x, int64_t ldx, const float *w, float *y, int64_t ldy,

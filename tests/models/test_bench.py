@@ -18,8 +18,9 @@ def test_bench_rows_floors_and_goals(tmp_path: Path, capsys: pytest.CaptureFixtu
         f"decode b={b}" for b in bench.DECODE_BATCHES]
     for r in result["rows"]:
         assert r["ours_s"] > 0 and r["hf_s"] > 0 and r["floor_s"] > 0
-        assert r["floor_backend"] in ("aten", "onednn", "native", "aten+fp32", "onednn+fp32",
-                                      "native+fp32")  # bf16: float32 copies timed too
+        native = [f"native@{pf}{up}" for pf in ("l1", "l2") for up in ("", "+fp32")]
+        assert r["floor_backend"] in ("aten", "onednn", "aten+fp32", "onednn+fp32", *native)
+        # bf16: float32 copies timed too
     stream = result["per_dtype"]["bfloat16"]["stream"]
     assert stream["weight_bytes"] > 0 and stream["copy_bandwidth_bytes_s"] > 0
     goals = [g["goal"] for g in result["goals"]]

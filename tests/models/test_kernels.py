@@ -42,6 +42,8 @@ CHOICES: dict[str, KernelChoice] = {
     "norm-rope-native": KernelChoice(layer=LayerChoice(norm_rope="native")),
     "all-native": KernelChoice(GemmChoice("onednn", native_rows=4),
                                LayerChoice(0, "native", "native", "native")),
+    "all-native@l2": KernelChoice(GemmChoice("onednn", native_rows=4, prefetch="l2"),
+                                  LayerChoice(0, "native", "native", "native")),
     "padded-rows": KernelChoice(layer=LayerChoice(pad_rows=16)),
     "onednn+padded-rows": KernelChoice(GemmChoice("onednn", native_rows=4),
                                        LayerChoice(0, "native", "native", "native", 16)),

@@ -49,7 +49,9 @@ def _hf_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 @pytest.mark.parametrize("dtype,tol", DTYPES)
 @pytest.mark.parametrize("epilogue", ["none", "silu", "mul", "add"])
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 9])
-def test_gemv_equals_linear(dtype: torch.dtype, tol: float, epilogue: str, rows: int) -> None:
+@pytest.mark.parametrize("prefetch", ["l1", "l2"])
+def test_gemv_equals_linear(dtype: torch.dtype, tol: float, epilogue: str, rows: int,
+                            prefetch: str) -> None:
     g = torch.Generator().manual_seed(rows)
     # N not a multiple of 4, K not a multiple of 16 or 32: every tail path runs
     x = torch.randn(rows, 70, generator=g)
@@ -59,7 +61,7 @@ def test_gemv_equals_linear(dtype: torch.dtype, tol: float, epilogue: str, rows:
     want = {"none": y, "silu": F.silu(y), "mul": y * other.to(dtype).float(),
             "add": y + other.to(dtype).float()}[epilogue]
     got = native.linear(x.to(dtype), w.to(dtype), b.to(dtype), epilogue,
-                        None if epilogue in ("none", "silu") else other.to(dtype))
+                        None if epilogue in ("none", "silu") else other.to(dtype), prefetch)
     torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol)
 
 
@@ -149,10 +151,12 @@ def test_paged_decode_attention_across_score_tiles(dtype: torch.dtype, tol: floa
     torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
 
 
-def _layer(dtype: torch.dtype, dim: int, inter: int, qkv_out: int, o_in: int) -> LayerWeights:
+def _layer(dtype: torch.dtype, dim: int, inter: int, qkv_out: int, o_in: int,
+           prefetch: str = "l1") -> LayerWeights:
     def lin(n: int, k: int, bias: bool = False) -> Linear:
         b = torch.randn(n).to(dtype) if bias else None
-        return Linear((torch.randn(n, k) / k**0.5).to(dtype), b, False, native_rows=4)
+        return Linear((torch.randn(n, k) / k**0.5).to(dtype), b, False, native_rows=4,
+                      prefetch=prefetch)
     return LayerWeights(torch.rand(dim).to(dtype) + 0.5, lin(qkv_out, dim, bias=True),
                         lin(dim, o_in), torch.rand(dim).to(dtype) + 0.5, lin(inter, dim),
                         lin(inter, dim), lin(dim, inter))
@@ -160,9 +164,11 @@ def _layer(dtype: torch.dtype, dim: int, inter: int, qkv_out: int, o_in: int) ->
 
 @needs_native
 @pytest.mark.parametrize("dtype,tol", DTYPES)
-def test_whole_native_layer_equals_op_by_op(dtype: torch.dtype, tol: float) -> None:
+@pytest.mark.parametrize("prefetch", ["l1", "l2"])
+def test_whole_native_layer_equals_op_by_op(dtype: torch.dtype, tol: float,
+                                            prefetch: str) -> None:
     dims = AttnDims(num_heads=4, num_kv_heads=2, head_dim=16, eps=1e-6)
-    w = _layer(dtype, 64, 96, (4 + 2 * 2) * 16, 4 * 16)
+    w = _layer(dtype, 64, 96, (4 + 2 * 2) * 16, 4 * 16, prefetch)
     seqs = [SeqSpec("a", [1], 6, [1, 0]), SeqSpec("b", [2], 2, [3])]
     batch = build_batch(seqs, 8, torch.device("cpu"))
     cos, sin = rope_cos_sin(batch.positions, torch.rand(8), 1.0, dtype)

@@ -18,6 +18,9 @@ from models.cpu import parse_cpuinfo
 from models.linear import onednn_available
 from models.loader import layer_weights
 
+needs_native = pytest.mark.skipif(native.library() is None,
+                                  reason="the native kernels need a C compiler here")
+
 CPUINFO = """processor\t: 0
 vendor_id\t: GenuineIntel
 model name\t: Some Xeon
@@ -175,3 +178,25 @@ def test_few_row_paths_are_chosen_by_their_summed_times() -> None:
                      "base": {1: 48.8, 2: 69.2, 4: 117.3, 8: 150.0}}
     assert probes.rows_rule(tie_then_wins) == 4  # 1 + 2 + 4: 141.6 < 235.3; with 8 it is not
     assert probes.rows_rule({"fast": {1: 2.0, 2: 3.0}, "base": {1: 1.0, 2: 2.0}}) == 0
+
+
+@needs_native
+def test_the_gemv_prefetch_level_is_measured_and_recorded(tiny_model_dir: Path,
+                                                          cache: Path) -> None:
+    model = models.load(tiny_model_dir, dtype="float32")
+    record = json.loads(next((cache / "kernels").glob("*.json")).read_text())
+    timed = record["timings_ms"]["gemm"]["native_prefetch"]
+    assert set(timed) == {"l1", "l2"}
+    assert all(sorted(int(r) for r in t) == list(probes.PREFETCH_ROWS) for t in timed.values())
+    faster = min(timed, key=lambda pf: sum(timed[pf].values()))
+    assert model.kernels.gemm.prefetch == faster  # the GEMV runs the faster level
+    assert record["choice"]["gemm"]["prefetch"] == model.kernels.gemm.prefetch
+
+
+def test_gemm_choice_names_its_prefetch_level() -> None:
+    choice = GemmChoice("onednn", 16, native_rows=2, prefetch="l2")
+    assert choice.name == "onednn@16+native<=2@l2"
+    assert KernelChoice.from_dict(KernelChoice(choice).to_dict()).gemm == choice
+    assert GemmChoice("onednn", 16, prefetch="l2").name == "onednn@16"  # no GEMV, no level
+    with pytest.raises(ValueError, match="prefetch"):
+        GemmChoice(prefetch="l3")
