@@ -60,7 +60,7 @@ class PrefillSeq:
 
     rows: slice  # its rows in the flattened batch
     num_past: int
-    blocks: torch.Tensor | None  # [nb] block ids covering the context; None when num_past == 0
+    blocks: torch.Tensor  # [nb] block ids covering the context (past and new tokens)
     mask: torch.Tensor | None  # [n, nb * block_size] bool, True = attend; None when causal
 
 
@@ -107,10 +107,10 @@ def _check(seq: SeqSpec, block_size: int) -> None:
 
 def _prefill(seq: SeqSpec, rows: slice, block_size: int, device: torch.device) -> PrefillSeq:
     n, past = len(seq.token_ids), seq.num_past_tokens
-    if past == 0:
-        return PrefillSeq(rows, 0, None, None)
     nb = blocks_for(n + past, block_size)
     blocks = torch.tensor(seq.block_table[:nb], device=device)
+    if past == 0:
+        return PrefillSeq(rows, 0, blocks, None)
     # key j is visible to query i (at position past + i) iff j <= past + i
     mask = torch.ones(n, nb * block_size, dtype=torch.bool, device=device).tril(diagonal=past)
     return PrefillSeq(rows, past, blocks, mask)

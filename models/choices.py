@@ -15,6 +15,7 @@ DECODE_KERNELS = ("sdpa", "matmul", "native")
 NORM_ROPE_KERNELS = ("aten", "native")
 DECODE_LAYERS = ("ops", "native")
 PREFETCH = ("l1", "l2")
+PREFILL_KERNELS = ("sdpa", "native")
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +60,7 @@ class LayerChoice:
     norm_rope: str = "aten"  # RMSNorm and RoPE: "aten" ops | "native" one-pass kernels
     decode_layer: str = "ops"  # decode-only batches of few rows: "ops" | "native" (one call)
     pad_rows: int = 0  # layer groups run GEMMs on rows padded to a multiple of this (0: none)
+    prefill: str = "sdpa"  # prefill attention past the matmul limit: "sdpa" | "native" (paged)
 
     def __post_init__(self) -> None:
         if self.decode_layer not in DECODE_LAYERS:
@@ -67,8 +69,13 @@ class LayerChoice:
             raise ValueError(f"unknown decode attention {self.decode!r}")
         if self.norm_rope not in NORM_ROPE_KERNELS:
             raise ValueError(f"unknown norm/rope kernel {self.norm_rope!r}")
+        if self.prefill not in PREFILL_KERNELS:
+            raise ValueError(f"unknown prefill attention {self.prefill!r}")
         if self.pad_rows < 0:
             raise ValueError(f"pad_rows must be >= 0, got {self.pad_rows}")
+
+
+_PREFILL_NAMES = {"sdpa": "SDPA", "native": "native"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +88,8 @@ class KernelChoice:
     def describe(self) -> str:
         lay = self.layer
         return (f"GEMM {self.gemm.name}; prefill attention: matmuls up to "
-                f"{lay.matmul_max_scores} scores, then SDPA; decode attention {lay.decode}; "
+                f"{lay.matmul_max_scores} scores, then {_PREFILL_NAMES[lay.prefill]}; "
+                f"decode attention {lay.decode}; "
                 f"norm and RoPE {lay.norm_rope}; decode layer {lay.decode_layer}; "
                 f"rows padded to {lay.pad_rows or 'none'}")
 
@@ -92,7 +100,7 @@ class KernelChoice:
                          "half_rows": g.half_rows, "prefetch": g.prefetch},
                 "layer": {"matmul_max_scores": lay.matmul_max_scores, "decode": lay.decode,
                           "norm_rope": lay.norm_rope, "decode_layer": lay.decode_layer,
-                          "pad_rows": lay.pad_rows}}
+                          "pad_rows": lay.pad_rows, "prefill": lay.prefill}}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> KernelChoice:

@@ -31,7 +31,7 @@ from models.default_model import cache_root
 
 logger = logging.getLogger(__name__)
 
-SOURCES = ("gemv.c", "norm_rope.c", "decode_attn.c", "decode_layer.c")
+SOURCES = ("gemv.c", "norm_rope.c", "decode_attn.c", "prefill_attn.c", "decode_layer.c")
 CFLAGS = ("-O3", "-fPIC", "-shared", "-std=gnu11", "-Wno-psabi")
 _X86 = ("x86_64", "amd64", "i686", "i386")
 _CSRC = Path(__file__).parent / "csrc"
@@ -47,6 +47,8 @@ _SIGNATURES = {
     "rope_write": [_P, _I64, _P, _P, _I64, _I64, _I64, _I64, _P, _P, _I64, _I64, _P],
     "decode_attn": [_P, _I64, _P, _P, _I64, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _I64,
                     _I64, _F],
+    "prefill_attn": [_P, _I64, _P, _P, _I64, _I64, _I64, _I64, _P, _I64, _I64, _P, _I64, _I64,
+                     _F],
     "decode_layer": [_P, _P, _I64, _I64, _I64, _I64, _I64, _I64, _P, _P, _F, _P, _P, _P, _P, _P,
                      _P, _P, _P, _P, _P, _P, _I64, _I64, _P, _P, _I64, _P, _INT],
 }
@@ -218,6 +220,30 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
         tables.data_ptr(), tables.shape[1], lens.data_ptr(), out.data_ptr(), h * d, b, h,
         d**-0.5), "decode attention")
     return out
+
+
+def prefill_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                      table: torch.Tensor, num_past: int) -> torch.Tensor:
+    """Causal attention of one sequence's new tokens over its paged context (theirs
+    included, already in the cache).
+
+    q: [n, H, d] (heads and d contiguous); keys, values: [Hkv, num_blocks, bs, d]
+    contiguous; table: [nb] int64 block ids covering num_past + n tokens. -> [n, H, d]
+    """
+    n, h, d = q.shape
+    hkv, nblocks, bs, _ = keys.shape
+    assert q.stride(2) == 1 and q.stride(1) == d and keys.is_contiguous()
+    assert values.is_contiguous() and table.is_contiguous() and table.numel() * bs >= num_past + n
+    out = torch.empty(n, h, d, dtype=q.dtype)
+    _ok(_fn("prefill_attn", q.dtype)(
+        q.data_ptr(), q.stride(0), keys.data_ptr(), values.data_ptr(), hkv, nblocks, bs, d,
+        table.data_ptr(), num_past, n, out.data_ptr(), h * d, h, d**-0.5), "prefill attention")
+    return out
+
+
+def prefill_supported(num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
+    """The native prefill kernel handles these head shapes (pure check)."""
+    return head_dim % 16 == 0 and head_dim <= 256 and num_heads % num_kv_heads == 0
 
 
 def decode_supported(num_heads: int, num_kv_heads: int, head_dim: int) -> bool:

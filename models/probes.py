@@ -176,26 +176,40 @@ def rows_rule(ms: dict[str, dict[int, float]]) -> int:
     return limit
 
 
-def _prefill_ms(n: int, h: int, hkv: int, d: int, dtype: torch.dtype,
+def _prefill_ms(n: int, cfg: ModelConfig, dtype: torch.dtype, kernels: list[str],
                 repeats: int) -> dict[str, float]:
+    h, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     q = torch.randn(n, h, d).to(dtype)  # [n, H, d]
     k, v = torch.randn(hkv, n, d).to(dtype), torch.randn(hkv, n, d).to(dtype)  # [Hkv, n, d]
+    nb = -(-n // BLOCK)
+    table = torch.randperm(nb)  # [nb]: the sequence's blocks, in some order
+    keys, values = (torch.zeros(hkv, nb * BLOCK, d, dtype=dtype) for _ in range(2))
+    keys[:, :n], values[:, :n] = k, v
+    keys, values = (t.view(hkv, nb, BLOCK, d)[:, table.argsort()].contiguous()
+                    for t in (keys, values))  # [Hkv, nb, bs, d]: token c in block table[c // bs]
     mask = torch.ones(n, n, dtype=torch.bool).tril()
-    return median_ms({"matmul": lambda: attn.attend_matmul(q, k, v, mask),
-                      "sdpa": lambda: attn.attend_sdpa(q, k, v, None)}, repeats)
+    fns = {"matmul": lambda: attn.attend_matmul(q, k, v, mask),
+           "sdpa": lambda: attn.attend_sdpa(q, k, v, None),
+           "native": lambda: native.prefill_attention(q, keys, values, table, 0)}
+    return median_ms({name: fns[name] for name in kernels}, repeats)
 
 
 def measure_prefill(cfg: ModelConfig, dtype: torch.dtype,
-                    repeats: int) -> tuple[int, dict[int, dict[str, float]]]:
-    """Largest n*n query-key pairs up to which explicit matmuls beat SDPA at every size."""
-    h, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    limit, ms = 0, {}
+                    repeats: int) -> tuple[int, str, dict[int, dict[str, float]]]:
+    """The kernel past the explicit matmuls (SDPA, or the native one over the paged cache) by
+    total time over the sizes, and the largest n*n query-key pairs up to which explicit
+    matmuls beat it at every size."""
+    ok = native.supports(dtype) and native.prefill_supported(cfg.num_heads, cfg.num_kv_heads,
+                                                             cfg.head_dim)
+    kernels = ["matmul", "sdpa", *(["native"] if ok else [])]
+    ms = {n: _prefill_ms(n, cfg, dtype, kernels, repeats) for n in PREFILL_SIZES}
+    beyond = min(kernels[1:], key=lambda k: sum(m[k] for m in ms.values()))
+    limit = 0
     for n in PREFILL_SIZES:
-        ms[n] = _prefill_ms(n, h, hkv, d, dtype, repeats)
-        if ms[n]["matmul"] >= ms[n]["sdpa"]:
+        if ms[n]["matmul"] >= ms[n][beyond]:
             break
         limit = n * n
-    return limit, ms
+    return limit, beyond, ms
 
 
 def _decode_inputs(cfg: ModelConfig, dtype: torch.dtype, b: int) -> tuple[

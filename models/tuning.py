@@ -10,7 +10,8 @@ of a (CPU, torch, model shape, dtype, threads) this module times
   (from 128 rows, compute-bound, over three layers' weights), then
   the native GEMV (`models.native`) prefetching into L1 against L2 at 1 and 2
   rows, then the faster of them against the chosen backend at 1, 2, 4 and 8 rows;
-- explicit-matmul against SDPA attention for causal prefills of 16..512 tokens;
+- SDPA against a native flash kernel over the paged cache for causal prefills of
+  16..512 tokens (by total time), and explicit matmuls against the winner;
 - the decode attention kernels at batch 1, 8 and 32 over mixed contexts in a
   paged cache (the gather included where a kernel needs one);
 - aten against native RMSNorm + RoPE + KV write at 1..512 tokens;
@@ -51,7 +52,7 @@ from models.linear import onednn_available
 
 logger = logging.getLogger(__name__)
 
-TUNING_VERSION = 6  # NOTE: bump when candidates or the method change, so caches are remeasured
+TUNING_VERSION = 7  # NOTE: bump when candidates or the method change, so caches are remeasured
 
 
 @dataclass(slots=True)
@@ -73,10 +74,10 @@ def measure(layers: list[LayerWeights], cfg: ModelConfig, dtype: torch.dtype,
     t0 = time.perf_counter()
     with torch_threads(threads), torch.inference_mode():
         gemm, gemm_ms = probes.measure_gemm(layers, dtype, repeats)
-        limit, prefill_ms = probes.measure_prefill(cfg, dtype, repeats)
+        limit, prefill, prefill_ms = probes.measure_prefill(cfg, dtype, repeats)
         decode, decode_ms = probes.measure_decode(cfg, dtype, repeats)
         norm_rope, norm_ms = probes.measure_norm_rope(cfg, dtype, repeats)
-        layer = LayerChoice(limit, decode, norm_rope)
+        layer = LayerChoice(limit, decode, norm_rope, prefill=prefill)
         whole, whole_ms = probes.measure_decode_layer(layers, cfg, dtype, gemm, layer, repeats)
         pad, pad_ms = probes.measure_pad(layers, dtype, gemm, repeats)
     choice = KernelChoice(gemm, replace(layer, decode_layer=whole, pad_rows=pad))

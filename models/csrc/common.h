@@ -123,4 +123,14 @@ static inline float hsum(f32x16 v) {
 #endif
 }
 
+static inline float hmax(f32x16 v) {
+#if defined(__AVX512F__)
+    return _mm512_reduce_max_ps((__m512)v);
+#else
+    float m = v[0];
+    for (int i = 1; i < 16; i++) m = v[i] > m ? v[i] : m;
+    return m;
+#endif
+}
+
 #endif

@@ -37,13 +37,14 @@ CHOICES: dict[str, KernelChoice] = {
     "native-gemv": KernelChoice(GemmChoice("aten", native_rows=4)),
     "onednn+native-gemv": KernelChoice(GemmChoice("onednn", native_rows=4)),
     "prefill-matmul": KernelChoice(layer=LayerChoice(matmul_max_scores=1 << 30)),
+    "prefill-native": KernelChoice(layer=LayerChoice(prefill="native")),
     "decode-matmul": KernelChoice(layer=LayerChoice(decode="matmul")),
     "decode-native": KernelChoice(layer=LayerChoice(decode="native")),
     "norm-rope-native": KernelChoice(layer=LayerChoice(norm_rope="native")),
     "all-native": KernelChoice(GemmChoice("onednn", native_rows=4),
                                LayerChoice(0, "native", "native", "native")),
     "all-native@l2": KernelChoice(GemmChoice("onednn", native_rows=4, prefetch="l2"),
-                                  LayerChoice(0, "native", "native", "native")),
+                                  LayerChoice(0, "native", "native", "native", prefill="native")),
     "padded-rows": KernelChoice(layer=LayerChoice(pad_rows=16)),
     "onednn+padded-rows": KernelChoice(GemmChoice("onednn", native_rows=4),
                                        LayerChoice(0, "native", "native", "native", 16)),
@@ -61,8 +62,8 @@ CHOICES: dict[str, KernelChoice] = {
 
 def _available(name: str, dtype: torch.dtype) -> bool:
     c = CHOICES[name]
-    uses_native = (c.gemm.native_rows > 0 or "native" in (c.layer.decode, c.layer.norm_rope,
-                                                          c.layer.decode_layer))
+    uses_native = (c.gemm.native_rows > 0 or "native" in (
+        c.layer.decode, c.layer.norm_rope, c.layer.decode_layer, c.layer.prefill))
     gemm_dtype = torch.float32 if c.gemm.upcast else dtype
     return ((c.gemm.backend != "onednn" or onednn_available(gemm_dtype))
             and (NATIVE or not uses_native))

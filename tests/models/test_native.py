@@ -107,6 +107,39 @@ def test_rope_and_kv_write_equal_torch(dtype: torch.dtype) -> None:
 
 @needs_native
 @pytest.mark.parametrize("dtype,tol", DTYPES)
+@pytest.mark.parametrize("n,past,bs", [(1, 0, 16), (5, 0, 4), (37, 0, 16), (130, 0, 16),
+                                       (9, 21, 4), (40, 17, 8)])
+@pytest.mark.parametrize("h,hkv,d", [(6, 2, 32), (9, 3, 64), (4, 4, 16)])
+def test_paged_prefill_attention_equals_sdpa(dtype: torch.dtype, tol: float, n: int, past: int,
+                                             bs: int, h: int, hkv: int, d: int) -> None:
+    # row blocks of 8 queries and key tiles of 16 with their tails; a past context; GQA
+    g = torch.Generator().manual_seed(n + past)
+    nb = -(-(past + n) // bs)
+    table = torch.randperm(nb + 3, generator=g)[:nb]  # scattered blocks, others unused
+    keys = (torch.randn(hkv, nb + 3, bs, d, generator=g) * 2).to(dtype)
+    values = torch.randn(hkv, nb + 3, bs, d, generator=g).to(dtype)
+    q = torch.randn(n, h, d, generator=g).to(dtype)
+    ks = attn.gather(keys, table[None])[:, 0]  # [Hkv, nb * bs, d]
+    vs = attn.gather(values, table[None])[:, 0]
+    mask = torch.ones(n, nb * bs, dtype=torch.bool).tril(diagonal=past)
+    want = attn.attend_sdpa(q, ks, vs, mask)
+    got = native.prefill_attention(q, keys, values, table, past)
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+
+
+@needs_native
+def test_prefill_attention_reads_query_rows_of_a_fused_projection() -> None:
+    qkv = torch.randn(20, (4 + 2 * 2) * 16)  # [T, (H + 2*Hkv) * d], q the first 64 columns
+    q = qkv[:, :64].view(20, 4, 16)
+    keys, values = torch.randn(2, 2, 16, 16), torch.randn(2, 2, 16, 16)
+    table = torch.tensor([1, 0])
+    got = native.prefill_attention(q, keys, values, table, 0)
+    want = native.prefill_attention(q.contiguous(), keys, values, table, 0)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@needs_native
+@pytest.mark.parametrize("dtype,tol", DTYPES)
 def test_paged_decode_attention_equals_sdpa(dtype: torch.dtype, tol: float) -> None:
     g = torch.Generator().manual_seed(3)
     h, hkv, d, bs = 6, 2, 32, 4

@@ -200,3 +200,16 @@ def test_gemm_choice_names_its_prefetch_level() -> None:
     assert GemmChoice("onednn", 16, prefetch="l2").name == "onednn@16"  # no GEMV, no level
     with pytest.raises(ValueError, match="prefetch"):
         GemmChoice(prefetch="l3")
+
+
+@needs_native
+def test_the_prefill_attention_kernel_is_measured_and_recorded(tiny_model_dir: Path,
+                                                                cache: Path) -> None:
+    model = models.load(tiny_model_dir, dtype="float32")
+    record = json.loads(next((cache / "kernels").glob("*.json")).read_text())
+    timed = record["timings_ms"]["prefill_attention"]
+    assert sorted(int(n) for n in timed) == list(probes.PREFILL_SIZES)
+    assert all(set(m) == {"matmul", "sdpa", "native"} for m in timed.values())
+    total = {k: sum(m[k] for m in timed.values()) for k in ("sdpa", "native")}
+    assert model.kernels.layer.prefill == min(total, key=lambda k: total[k])
+    assert record["choice"]["layer"]["prefill"] == model.kernels.layer.prefill
