@@ -110,7 +110,8 @@ def measure_gemm(layers: list[LayerWeights], dtype: torch.dtype,
     if not native.supports(torch.float32 if chosen.upcast else dtype):
         return chosen, ms
     gemvs = {pf: _gemv_linears(plain, chosen, pf) for pf in PREFETCH}
-    level, ms["native_prefetch"] = _prefetch_level(gemvs, dtype, repeats)
+    level, pf_ms = _prefetch_level(gemvs, dtype, repeats)
+    ms.update({f"native@{pf}": t for pf, t in pf_ms.items()})
     rows, native_ms = _rows_won(gemvs[level], base, dtype, repeats)  # NOTE: on the half copy too
     key = replace(chosen, half_rows=0).name  # NOTE: timings stay under the candidate's name
     ms["native"], ms[key] = native_ms["fast"], {**ms[key], **native_ms["base"]}
