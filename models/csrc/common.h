@@ -17,6 +17,7 @@
 typedef float f32x16 __attribute__((vector_size(64)));
 typedef uint16_t u16x16 __attribute__((vector_size(32)));
 typedef uint32_t u32x16 __attribute__((vector_size(64)));
+typedef int32_t i32x16 __attribute__((vector_size(64)));
 
 enum { EPI_NONE = 0, EPI_SILU = 1, EPI_MUL = 2, EPI_ADD = 3 };
 
@@ -112,6 +113,28 @@ static inline f32x16 round_bf16(f32x16 f) {
 }
 
 static inline f32x16 splat(float v) { return (f32x16){0} + v; }
+
+static inline f32x16 vmax(f32x16 a, f32x16 b) {
+    i32x16 m = a < b;
+    return (f32x16)(((i32x16)a & ~m) | ((i32x16)b & m));
+}
+
+/* e^x for x <= 0 (Cephes' expf polynomial; ~1 ulp); below -87.3 it gives ~1e-38. */
+static inline f32x16 exp16(f32x16 x) {
+    x = vmax(x, splat(-87.33654f));
+    f32x16 n = (x * 1.44269504088896341f + 12582912.f) - 12582912.f; /* round to nearest */
+    f32x16 r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    f32x16 p = splat(1.9875691500e-4f);
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    f32x16 y = p * (r * r) + r + 1.f;
+    i32x16 e = (__builtin_convertvector(n, i32x16) + 127) << 23;
+    return y * (f32x16)e;
+}
 
 static inline float hsum(f32x16 v) {
 #if defined(__AVX512F__)

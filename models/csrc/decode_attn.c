@@ -18,8 +18,6 @@
 #define MAX_DIM 256
 #define TILE 16
 
-typedef int32_t i32x16 __attribute__((vector_size(64)));
-
 static inline f32x16 fold(f32x16 a, f32x16 b, i32x16 lo, i32x16 hi) {
     return __builtin_shuffle(a, b, lo) + __builtin_shuffle(a, b, hi);
 }
@@ -39,28 +37,6 @@ static inline f32x16 sum16(const f32x16 *v) {
     for (int k = 0; k < 4; k++) u[k] = fold(w[2 * k], w[2 * k + 1], a1, b1);
     for (int k = 0; k < 2; k++) r[k] = fold(u[2 * k], u[2 * k + 1], a2, b2);
     return fold(r[0], r[1], a3, b3);
-}
-
-static inline f32x16 vmax(f32x16 a, f32x16 b) {
-    i32x16 m = a < b;
-    return (f32x16)(((i32x16)a & ~m) | ((i32x16)b & m));
-}
-
-/* e^x for x <= 0 (Cephes' expf polynomial; ~1 ulp); below -87.3 it gives ~1e-38. */
-static inline f32x16 exp16(f32x16 x) {
-    x = vmax(x, splat(-87.33654f));
-    f32x16 n = (x * 1.44269504088896341f + 12582912.f) - 12582912.f; /* round to nearest */
-    f32x16 r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    f32x16 p = splat(1.9875691500e-4f);
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    f32x16 y = p * (r * r) + r + 1.f;
-    i32x16 e = (__builtin_convertvector(n, i32x16) + 127) << 23;
-    return y * (f32x16)e;
 }
 
 /* Softmax weights of s[0..len) in place (s holds `cap` >= len floats, a whole number of

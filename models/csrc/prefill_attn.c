@@ -7,42 +7,17 @@
  * table: [nbt] int64; out: [n, H, d] (query stride ldo).
  *
  * NOTE: per KV head the context's keys are laid out once as fp32 tiles of 16
- * tokens transposed ([d][16]) and its values as fp32 rows, so that four query
- * rows score 16 keys with one broadcast-FMA per head dimension and no
+ * tokens transposed ([d][16]) and its values as fp32 rows, so that eight query
+ * rows score 16 keys with one broadcast FMA per head dimension and no
  * horizontal sums; the softmax runs online over the tiles (running max and
- * sum per row), probabilities and sums in fp32, the output rounded once.
+ * sum per row, rescaled only when the max moves), probabilities and sums in
+ * fp32 (`exp16`, common.h), the output rounded once.
  */
 #include "common.h"
-#include "kernels.h"
 
 #define PTILE 16 /* keys per tile */
 #define ROWS 8   /* query rows per block */
 #define PMAX_DIM 256
-
-typedef int32_t pi32x16 __attribute__((vector_size(64)));
-
-static inline f32x16 pmax(f32x16 a, f32x16 b) {
-    pi32x16 m = a < b;
-    return (f32x16)(((pi32x16)a & ~m) | ((pi32x16)b & m));
-}
-
-/* e^x for x <= 0 (Cephes' expf polynomial, as decode_attn.c); -inf gives 0. */
-static inline f32x16 pexp16(f32x16 x) {
-    pi32x16 dead = x < -87.33654f;
-    x = pmax(x, splat(-87.33654f));
-    f32x16 n = (x * 1.44269504088896341f + 12582912.f) - 12582912.f;
-    f32x16 r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    f32x16 p = splat(1.9875691500e-4f);
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    f32x16 y = p * (r * r) + r + 1.f;
-    pi32x16 e = (__builtin_convertvector(n, pi32x16) + 127) << 23;
-    return (f32x16)((pi32x16)(y * (f32x16)e) & ~dead);
-}
 
 /* The context's keys of one head as transposed fp32 tiles kt[tile][e][t] and its values
  * as fp32 rows vf[c][e]; tokens past ctx are zero. */
@@ -84,9 +59,10 @@ static inline __attribute__((always_inline)) void block_nv(
             for (int r = 0; r < ROWS; r++) s[r] += qs[r * d + e] * k;
         }
         for (int r = 0; r < rows; r++) {
-            if (c0 + PTILE - 1 > lim[r]) { /* the tile holds keys past this row's query */
-                pi32x16 out = lane + (float)c0 > (float)lim[r];
-                s[r] = (f32x16)(((pi32x16)s[r] & ~out) | ((pi32x16)splat(-INFINITY) & out));
+            i32x16 out = {0}; /* lanes of keys past this row's query (in its last tiles) */
+            if (c0 + PTILE - 1 > lim[r]) {
+                out = lane + (float)c0 > (float)lim[r];
+                s[r] = (f32x16)(((i32x16)s[r] & ~out) | ((i32x16)splat(-INFINITY) & out));
             }
             float mt = hmax(s[r]);
             if (mt > m[r]) { /* a new running max: rescale what was summed so far */
@@ -95,7 +71,7 @@ static inline __attribute__((always_inline)) void block_nv(
                 for (int64_t i = 0; i < nv; i++) acc[r][i] *= alpha;
                 m[r] = mt;
             }
-            f32x16 pv = pexp16(s[r] - m[r]);
+            f32x16 pv = (f32x16)((i32x16)exp16(s[r] - m[r]) & ~out);
             st_f32(p[r], pv);
             l[r] += hsum(pv);
         }
