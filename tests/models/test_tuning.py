@@ -141,9 +141,14 @@ def test_rows_are_padded_only_where_a_first_run_costs_more_than_padding() -> Non
     assert probes.pad_rule(cheap) == 0
 
 
+def _measured(folder: Path, cache: Path) -> tuple[models.Model, dict]:
+    """A float32 load of `folder` that measured its kernels, and the record it wrote."""
+    model = models.load(folder, dtype="float32")
+    return model, json.loads(next((cache / "kernels").glob("*.json")).read_text())
+
+
 def test_the_padding_probe_is_recorded_with_its_choice(tiny_model_dir: Path, cache: Path) -> None:
-    model = models.load(tiny_model_dir, dtype="float32")
-    record = json.loads(next((cache / "kernels").glob("*.json")).read_text())
+    model, record = _measured(tiny_model_dir, cache)
     probed = record["timings_ms"]["pad_rows"]
     assert sorted(int(r) for r in probed) == sorted(probes.PAD_PROBE_ROWS)
     assert all(set(m) == {"first", "exact", "padded"} for m in probed.values())
@@ -183,8 +188,7 @@ def test_few_row_paths_are_chosen_by_their_summed_times() -> None:
 @needs_native
 def test_the_gemv_prefetch_level_is_measured_and_recorded(tiny_model_dir: Path,
                                                           cache: Path) -> None:
-    model = models.load(tiny_model_dir, dtype="float32")
-    record = json.loads(next((cache / "kernels").glob("*.json")).read_text())
+    model, record = _measured(tiny_model_dir, cache)
     gemm = record["timings_ms"]["gemm"]
     timed = {pf: gemm[f"native@{pf}"] for pf in ("l1", "l2")}
     assert all(sorted(int(r) for r in t) == list(probes.PREFETCH_ROWS) for t in timed.values())
@@ -205,8 +209,7 @@ def test_gemm_choice_names_its_prefetch_level() -> None:
 @needs_native
 def test_the_prefill_attention_kernel_is_measured_and_recorded(tiny_model_dir: Path,
                                                                 cache: Path) -> None:
-    model = models.load(tiny_model_dir, dtype="float32")
-    record = json.loads(next((cache / "kernels").glob("*.json")).read_text())
+    model, record = _measured(tiny_model_dir, cache)
     timed = record["timings_ms"]["prefill_attention"]
     assert sorted(int(n) for n in timed) == list(probes.PREFILL_SIZES)
     assert all(set(m) == {"matmul", "sdpa", "native"} for m in timed.values())
