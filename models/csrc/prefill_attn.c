@@ -45,7 +45,8 @@ static inline __attribute__((always_inline)) void block_nv(
     int64_t d = nv * 16, last = 0;
     for (int r = 0; r < rows; r++) last = lim[r] > last ? lim[r] : last;
     f32x16 acc[ROWS][PMAX_DIM / 16];
-    float m[ROWS], l[ROWS], p[ROWS][PTILE] __attribute__((aligned(64)));
+    float m[ROWS], l[ROWS];
+    float p[ROWS][PTILE] __attribute__((aligned(64))) = {{0}}; /* rows past `rows` stay 0 */
     for (int r = 0; r < ROWS; r++) {
         m[r] = -INFINITY, l[r] = 0.f;
         for (int64_t i = 0; i < nv; i++) acc[r][i] = (f32x16){0};
