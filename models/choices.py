@@ -15,7 +15,7 @@ DECODE_KERNELS = ("sdpa", "matmul", "native")
 NORM_ROPE_KERNELS = ("aten", "native")
 DECODE_LAYERS = ("ops", "native")
 PREFETCH = ("l1", "l2")
-PREFILL_KERNELS = ("sdpa", "native")
+PREFILL_KERNELS = ("sdpa", "native", "amx")
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +60,8 @@ class LayerChoice:
     norm_rope: str = "aten"  # RMSNorm and RoPE: "aten" ops | "native" one-pass kernels
     decode_layer: str = "ops"  # decode-only batches of few rows: "ops" | "native" (one call)
     pad_rows: int = 0  # layer groups run GEMMs on rows padded to a multiple of this (0: none)
-    prefill: str = "sdpa"  # prefill attention past the matmul limit: "sdpa" | "native" (paged)
+    # prefill attention past the matmul limit: "sdpa" | "native" | "amx" (both paged, native.py)
+    prefill: str = "sdpa"
 
     def __post_init__(self) -> None:
         if self.decode_layer not in DECODE_LAYERS:
@@ -75,7 +76,7 @@ class LayerChoice:
             raise ValueError(f"pad_rows must be >= 0, got {self.pad_rows}")
 
 
-_PREFILL_NAMES = {"sdpa": "SDPA", "native": "native"}
+_PREFILL_NAMES = {"sdpa": "SDPA", "native": "native", "amx": "AMX"}
 
 
 @dataclass(frozen=True, slots=True)

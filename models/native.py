@@ -31,7 +31,8 @@ from models.default_model import cache_root
 
 logger = logging.getLogger(__name__)
 
-SOURCES = ("gemv.c", "norm_rope.c", "decode_attn.c", "prefill_attn.c", "decode_layer.c")
+SOURCES = ("gemv.c", "norm_rope.c", "decode_attn.c", "prefill_attn.c", "prefill_amx.c",
+           "decode_layer.c")
 CFLAGS = ("-O3", "-fPIC", "-shared", "-std=gnu11", "-Wno-psabi")
 _X86 = ("x86_64", "amd64", "i686", "i386")
 _CSRC = Path(__file__).parent / "csrc"
@@ -52,6 +53,7 @@ _SIGNATURES = {
     "decode_layer": [_P, _P, _I64, _I64, _I64, _I64, _I64, _I64, _P, _P, _F, _P, _P, _P, _P, _P,
                      _P, _P, _P, _P, _P, _P, _I64, _I64, _P, _P, _I64, _P, _INT],
 }
+_BF16_ONLY = {"prefill_amx_bf16": _SIGNATURES["prefill_attn"], "amx_ready": []}
 
 
 def _compiler() -> str | None:
@@ -89,6 +91,9 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         for suffix in _SUFFIX.values():
             fn = getattr(lib, f"{base}_{suffix}")
             fn.argtypes, fn.restype = argtypes, _INT
+    for name, argtypes in _BF16_ONLY.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = argtypes, _INT
     return lib
 
 
@@ -223,22 +228,40 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
 
 
 def prefill_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                      table: torch.Tensor, num_past: int) -> torch.Tensor:
+                      table: torch.Tensor, num_past: int, kernel: str = "native") -> torch.Tensor:
     """Causal attention of one sequence's new tokens over its paged context (theirs
     included, already in the cache).
 
     q: [n, H, d] (heads and d contiguous); keys, values: [Hkv, num_blocks, bs, d]
-    contiguous; table: [nb] int64 block ids covering num_past + n tokens. -> [n, H, d]
+    contiguous; table: [nb] int64 block ids covering num_past + n tokens; `kernel`:
+    "native" (fp32 vector arithmetic, csrc/prefill_attn.c) or "amx" (bf16 tiles,
+    csrc/prefill_amx.c; see `amx_ready`). -> [n, H, d]
     """
     n, h, d = q.shape
     hkv, nblocks, bs, _ = keys.shape
     assert q.stride(2) == 1 and q.stride(1) == d and keys.is_contiguous()
     assert values.is_contiguous() and table.is_contiguous() and table.numel() * bs >= num_past + n
+    assert kernel == "native" or q.dtype == torch.bfloat16, "the AMX kernel is bf16 only"
     out = torch.empty(n, h, d, dtype=q.dtype)
-    _ok(_fn("prefill_attn", q.dtype)(
-        q.data_ptr(), q.stride(0), keys.data_ptr(), values.data_ptr(), hkv, nblocks, bs, d,
-        table.data_ptr(), num_past, n, out.data_ptr(), h * d, h, d**-0.5), "prefill attention")
+    fn = _fn("prefill_attn", q.dtype) if kernel == "native" else _amx()
+    _ok(fn(q.data_ptr(), q.stride(0), keys.data_ptr(), values.data_ptr(), hkv, nblocks, bs, d,
+           table.data_ptr(), num_past, n, out.data_ptr(), h * d, h, d**-0.5),
+        f"{kernel} prefill attention")
     return out
+
+
+def _amx() -> Any:
+    lib = library()
+    assert lib is not None, "native kernels are not available on this machine"
+    return lib.prefill_amx_bf16
+
+
+@functools.cache
+def amx_ready() -> bool:
+    """The AMX prefill kernel runs here: built for a CPU with AMX-BF16, and the OS granted
+    this process the tile state."""
+    lib = library()
+    return lib is not None and lib.amx_ready() == 1
 
 
 def prefill_supported(num_heads: int, num_kv_heads: int, head_dim: int) -> bool:

@@ -191,18 +191,21 @@ def _prefill_ms(n: int, cfg: ModelConfig, dtype: torch.dtype, kernels: list[str]
     mask = torch.ones(n, n, dtype=torch.bool).tril()
     fns = {"matmul": lambda: attn.attend_matmul(q, k, v, mask),
            "sdpa": lambda: attn.attend_sdpa(q, k, v, None),
-           "native": lambda: native.prefill_attention(q, keys, values, table, 0)}
+           "native": lambda: native.prefill_attention(q, keys, values, table, 0),
+           "amx": lambda: native.prefill_attention(q, keys, values, table, 0, "amx")}
     return median_ms({name: fns[name] for name in kernels}, repeats)
 
 
 def measure_prefill(cfg: ModelConfig, dtype: torch.dtype,
                     repeats: int) -> tuple[int, str, dict[int, dict[str, float]]]:
-    """The kernel past the explicit matmuls (SDPA, or the native one over the paged cache) by
-    total time over the sizes, and the largest n*n query-key pairs up to which explicit
+    """The kernel past the explicit matmuls (SDPA, or a native one over the paged cache: fp32
+    vector arithmetic, or AMX tiles for bf16 where `native.amx_ready`) by total time over the
+    sizes, and the largest n*n query-key pairs up to which explicit
     matmuls beat it at every size."""
     ok = native.supports(dtype) and native.prefill_supported(cfg.num_heads, cfg.num_kv_heads,
                                                              cfg.head_dim)
-    kernels = ["matmul", "sdpa", *(["native"] if ok else [])]
+    amx = ok and dtype == torch.bfloat16 and native.amx_ready()
+    kernels = ["matmul", "sdpa", *(["native"] if ok else []), *(["amx"] if amx else [])]
     ms = {n: _prefill_ms(n, cfg, dtype, kernels, repeats) for n in PREFILL_SIZES}
     beyond = min(kernels[1:], key=lambda k: sum(m[k] for m in ms.values()))
     limit = 0

@@ -10,8 +10,9 @@ of a (CPU, torch, model shape, dtype, threads) this module times
   (from 128 rows, compute-bound, over three layers' weights), then
   the native GEMV (`models.native`) prefetching into L1 against L2 at 1 and 2
   rows, then the faster of them against the chosen backend at 1, 2, 4 and 8 rows;
-- SDPA against a native flash kernel over the paged cache for causal prefills of
-  16..512 tokens (by total time), and explicit matmuls against the winner;
+- SDPA against native flash kernels over the paged cache (fp32 vector arithmetic,
+  and AMX tiles for bf16 where the CPU has them) for causal prefills of 16..512
+  tokens (by total time), and explicit matmuls against the winner;
 - the decode attention kernels at batch 1, 8 and 32 over mixed contexts in a
   paged cache (the gather included where a kernel needs one);
 - aten against native RMSNorm + RoPE + KV write at 1..512 tokens;
@@ -52,7 +53,7 @@ from models.linear import onednn_available
 
 logger = logging.getLogger(__name__)
 
-TUNING_VERSION = 7  # NOTE: bump when candidates or the method change, so caches are remeasured
+TUNING_VERSION = 8  # NOTE: bump when candidates or the method change, so caches are remeasured
 
 
 @dataclass(slots=True)

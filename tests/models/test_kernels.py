@@ -38,6 +38,7 @@ CHOICES: dict[str, KernelChoice] = {
     "onednn+native-gemv": KernelChoice(GemmChoice("onednn", native_rows=4)),
     "prefill-matmul": KernelChoice(layer=LayerChoice(matmul_max_scores=1 << 30)),
     "prefill-native": KernelChoice(layer=LayerChoice(prefill="native")),
+    "prefill-amx": KernelChoice(layer=LayerChoice(prefill="amx")),  # bf16 on AMX only
     "decode-matmul": KernelChoice(layer=LayerChoice(decode="matmul")),
     "decode-native": KernelChoice(layer=LayerChoice(decode="native")),
     "norm-rope-native": KernelChoice(layer=LayerChoice(norm_rope="native")),
@@ -65,8 +66,10 @@ def _available(name: str, dtype: torch.dtype) -> bool:
     uses_native = (c.gemm.native_rows > 0 or "native" in (
         c.layer.decode, c.layer.norm_rope, c.layer.decode_layer, c.layer.prefill))
     gemm_dtype = torch.float32 if c.gemm.upcast else dtype
+    amx = c.layer.prefill == "amx"
     return ((c.gemm.backend != "onednn" or onednn_available(gemm_dtype))
-            and (NATIVE or not uses_native))
+            and (NATIVE or not uses_native)
+            and (not amx or (dtype == torch.bfloat16 and native.amx_ready())))
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +118,7 @@ def pad_small_batches(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("name", sorted(CHOICES))
 def test_fp32_equals_transformers(folder: Path, name: str) -> None:
     if not _available(name, torch.float32):
-        pytest.skip(f"{name}: not available on this CPU")
+        pytest.skip(f"{name}: not available for float32 on this CPU")
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     model = models.load(folder, dtype="float32", kernel_choice=CHOICES[name])
     for got, want in zip(_ours(model), _want(hf), strict=True):
@@ -134,8 +137,8 @@ def test_bf16_within_tolerance_of_transformers(folder: Path, name: str) -> None:
 
 
 ISAS = {  # a CPU without AMX (AVX512-BF16 only), and one with AVX2 only, as far as this one can
-    "avx512-bf16": ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16", "ATEN_CPU_CAPABILITY": "avx512"},
-                    cpu_caps().avx512_bf16),
+    "avx512-bf16": ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16", "ATEN_CPU_CAPABILITY": "avx512",
+                     "SLICEGATE_NATIVE_MARCH": "cooperlake"}, cpu_caps().avx512_bf16 and X86),
     "avx2": ({"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2",
               "SLICEGATE_NATIVE_MARCH": "x86-64-v3"}, cpu_caps().avx2 and X86),
 }

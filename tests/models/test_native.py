@@ -127,6 +127,33 @@ def test_paged_prefill_attention_equals_sdpa(dtype: torch.dtype, tol: float, n: 
     torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
 
 
+needs_amx = pytest.mark.skipif(not native.amx_ready(), reason="this CPU lacks AMX-BF16")
+
+
+@needs_amx
+@pytest.mark.parametrize("n,past,bs", [(1, 0, 16), (5, 0, 4), (37, 0, 16), (130, 0, 16),
+                                       (9, 21, 4), (40, 17, 8), (300, 45, 16)])
+@pytest.mark.parametrize("h,hkv,d", [(6, 2, 32), (9, 3, 64), (4, 4, 16), (4, 2, 128),
+                                     (2, 1, 80)])
+def test_amx_prefill_attention_equals_sdpa(n: int, past: int, bs: int, h: int, hkv: int,
+                                           d: int) -> None:
+    # blocks of 16 queries, four key tiles at a time and their tails, odd value chunks;
+    # head dims padded to 32 for the scores (16, 80) and more than four output groups (128)
+    g = torch.Generator().manual_seed(n + past + d)
+    nb = -(-(past + n) // bs)
+    table = torch.randperm(nb + 3, generator=g)[:nb]
+    keys = (torch.randn(hkv, nb + 3, bs, d, generator=g) * 2).bfloat16()
+    values = torch.randn(hkv, nb + 3, bs, d, generator=g).bfloat16()
+    qkv = torch.randn(n, (h + 2 * hkv) * d, generator=g).bfloat16()
+    q = qkv[:, :h * d].view(n, h, d)  # rows of a fused projection
+    ks = attn.gather(keys, table[None])[:, 0]
+    vs = attn.gather(values, table[None])[:, 0]
+    mask = torch.ones(n, nb * bs, dtype=torch.bool).tril(diagonal=past)
+    want = attn.attend_sdpa(q, ks, vs, mask)
+    got = native.prefill_attention(q, keys, values, table, past, "amx")
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+
+
 @needs_native
 def test_prefill_attention_reads_query_rows_of_a_fused_projection() -> None:
     qkv = torch.randn(20, (4 + 2 * 2) * 16)  # [T, (H + 2*Hkv) * d], q the first 64 columns

@@ -212,7 +212,17 @@ def test_the_prefill_attention_kernel_is_measured_and_recorded(tiny_model_dir: P
     model, record = _measured(tiny_model_dir, cache)
     timed = record["timings_ms"]["prefill_attention"]
     assert sorted(int(n) for n in timed) == list(probes.PREFILL_SIZES)
-    assert all(set(m) == {"matmul", "sdpa", "native"} for m in timed.values())
+    assert all(set(m) == {"matmul", "sdpa", "native"} for m in timed.values())  # fp32: no AMX
     total = {k: sum(m[k] for m in timed.values()) for k in ("sdpa", "native")}
     assert model.kernels.layer.prefill == min(total, key=lambda k: total[k])
     assert record["choice"]["layer"]["prefill"] == model.kernels.layer.prefill
+
+
+@pytest.mark.skipif(not native.amx_ready(), reason="this CPU lacks AMX-BF16")
+def test_a_bf16_load_times_the_amx_prefill_kernel_too(tiny_model_dir: Path, cache: Path) -> None:
+    model = models.load(tiny_model_dir, dtype="bfloat16")
+    record = json.loads(next((cache / "kernels").glob("*.json")).read_text())
+    timed = record["timings_ms"]["prefill_attention"]
+    assert all(set(m) == {"matmul", "sdpa", "native", "amx"} for m in timed.values())
+    total = {k: sum(m[k] for m in timed.values()) for k in ("sdpa", "native", "amx")}
+    assert model.kernels.layer.prefill == min(total, key=lambda k: total[k])
