@@ -16,11 +16,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 from executors.dispatch import mark_issued, pick_next, scan_ready
 from executors.runner import RecvNotReady
 from executors.types import Device, OpInstance, OpState
+from models.cpu import keep_threads
 
 RunOp = Callable[[OpInstance], Any]
 OnDone = Callable[[OpInstance], None]
@@ -151,7 +150,7 @@ class Executor:
 
     def _thread_init(self) -> None:
         """Runs first in the worker thread (override point: CUDA device and stream)."""
-        torch.set_num_threads(self._threads)
+        keep_threads(self._threads)
 
     def _prepare(self, op: OpInstance) -> bool:
         """Work before the op's clock starts (override point); True if there was some.

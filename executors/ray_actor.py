@@ -19,6 +19,7 @@ import torch
 
 from models.batch import Batch, SeqSpec, build_batch
 from models.choices import KernelChoice
+from models.cpu import keep_threads
 from models.kv_cache import KVCache
 from models.loader import load
 
@@ -41,7 +42,7 @@ class DeviceActor:
     """One device of one node (see the module doc)."""
 
     def __init__(self, spec: ActorSpec) -> None:
-        torch.set_num_threads(spec.threads)
+        keep_threads(spec.threads)
         self.device = torch.device("cpu" if spec.device.startswith("cpu") else spec.device)
         choice = None if spec.kernels is None else KernelChoice.from_dict(spec.kernels)
         self.model = load(spec.model, dtype=spec.dtype, device=self.device,

@@ -21,6 +21,7 @@ from gateway.config import (
 from gateway.engine import build_engine
 from gateway.server import serve
 from gateway.tenants import TenantsFileError
+from models.cpu import keep_threads
 
 # flag dest -> config key (`section.field`)
 _OVERRIDES = {
@@ -125,6 +126,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=config.server.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # NOTE: this thread runs the event loop: at one intra-op thread its torch calls never
+    # start an OpenMP team beside the executors' (see `models.cpu.in_own_thread`)
+    keep_threads(1)
     try:
         engine = build_engine(config)
     except (ValueError, OSError) as exc:  # a bad model spec, device list or budget

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import torch
+
+T = TypeVar("T")
 
 _CPUINFO = Path("/proc/cpuinfo")
 
@@ -70,3 +74,43 @@ def torch_threads(n: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(old)
+
+
+def keep_threads(n: int) -> None:
+    """Hold the calling thread to `n` intra-op threads from now on.
+
+    NOTE: torch applies its thread count to a thread lazily, at that thread's first
+    parallel call, from a process-wide value that any thread's `torch.set_num_threads`
+    changes; asking for the count applies it at once, and later changes elsewhere leave
+    this thread alone.
+    """
+    torch.set_num_threads(n)
+    torch.get_num_threads()
+
+
+def in_own_thread(threads: int, fn: Callable[[], T]) -> T:
+    """`fn()` on a new thread with `threads` intra-op threads, which ends when it returns
+    (what it raises is raised here).
+
+    NOTE: an OpenMP team lives as long as the thread that started it, and once libgomp
+    manages more threads than the machine has cores its workers sleep almost at once
+    between parallel regions: a server's executor at 2 threads ran its ops 1.7x slower
+    while a start-up measurement's team of 2 lived on in the main thread. Start-up and
+    background measurements run here, and leave no team behind.
+    """
+    out: list[T] = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            keep_threads(threads)
+            out.append(fn())
+        except BaseException as e:  # NOTE: re-raised in the calling thread
+            failed.append(e)
+
+    worker = threading.Thread(target=run, name=f"torch-{threads}-threads")
+    worker.start()
+    worker.join()
+    if failed:
+        raise failed[0]
+    return out[0]

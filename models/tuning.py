@@ -46,7 +46,7 @@ import torch
 from models import native, probes
 from models.choices import KernelChoice, LayerChoice
 from models.config import ModelConfig
-from models.cpu import cpu_caps, torch_threads
+from models.cpu import cpu_caps, in_own_thread
 from models.default_model import cache_root
 from models.layers import LayerWeights
 from models.linear import onednn_available
@@ -71,9 +71,16 @@ class Tuned:
 
 def measure(layers: list[LayerWeights], cfg: ModelConfig, dtype: torch.dtype,
             threads: int = 1, repeats: int = 5) -> Tuned:
-    """Time every candidate on this CPU (in the calling thread, on `threads` threads)."""
+    """Time every candidate on this CPU (on a thread of its own, on `threads` threads)."""
     t0 = time.perf_counter()
-    with torch_threads(threads), torch.inference_mode():
+    choice, timings = in_own_thread(threads, lambda: _measure(layers, cfg, dtype, repeats))
+    return Tuned(choice, tuning_key(cfg, dtype, threads), timings, time.perf_counter() - t0,
+                 cpu_caps().line(), native.note())
+
+
+def _measure(layers: list[LayerWeights], cfg: ModelConfig, dtype: torch.dtype,
+             repeats: int) -> tuple[KernelChoice, dict[str, Any]]:
+    with torch.inference_mode():
         gemm, gemm_ms = probes.measure_gemm(layers, dtype, repeats)
         limit, prefill, prefill_ms = probes.measure_prefill(cfg, dtype, repeats)
         decode, decode_ms = probes.measure_decode(cfg, dtype, repeats)
@@ -84,8 +91,7 @@ def measure(layers: list[LayerWeights], cfg: ModelConfig, dtype: torch.dtype,
     choice = KernelChoice(gemm, replace(layer, decode_layer=whole, pad_rows=pad))
     timings = {"gemm": gemm_ms, "prefill_attention": prefill_ms, "decode_attention": decode_ms,
                "norm_rope": norm_ms, "decode_layer": whole_ms, "pad_rows": pad_ms}
-    return Tuned(choice, tuning_key(cfg, dtype, threads), timings, time.perf_counter() - t0,
-                 cpu_caps().line(), native.note())
+    return choice, timings
 
 
 def tuning_key(cfg: ModelConfig, dtype: torch.dtype, threads: int) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from models.cpu import torch_threads
+from models.cpu import in_own_thread
 from models.layers import padded_rows
 from models.loader import Model
 from models.ops import LayerGroupOp
@@ -38,9 +38,12 @@ def warm_rows(model: Model, threads: int, up_to: int = WARM_ROWS) -> list[int]:
     native = group.layers[0].qkv.native_rows
     rows = sorted({padded_rows(r, pad) for r in range(native + 1, up_to + 1)})
     t0 = time.perf_counter()
-    with torch_threads(threads), torch.inference_mode():
-        for r in rows:
-            layer_gemms(group.layers[0], r, model.dtype)()
+
+    def run() -> None:  # NOTE: oneDNN's primitives are cached process-wide
+        with torch.inference_mode():
+            for r in rows:
+                layer_gemms(group.layers[0], r, model.dtype)()
+    in_own_thread(threads, run)
     logger.info("GEMMs warmed at %d row counts up to %d in %.2f s", len(rows), up_to,
                 time.perf_counter() - t0)
     return rows

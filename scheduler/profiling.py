@@ -33,7 +33,7 @@ from executors.interference import Interference
 from executors.types import Device
 from models import native
 from models.batch import BatchShape
-from models.cpu import torch_threads
+from models.cpu import in_own_thread
 from models.default_model import cache_root
 from models.loader import Model
 from models.template import GraphTemplate, OpKind
@@ -120,13 +120,15 @@ def profile(model: Model, devices: Sequence[Device | str], sweep: Sweep | None =
     kinds = {d: (kinds or {}).get(d) or device_kind(d) for d in names}
     est = Estimators(kinds)
     t0 = time.perf_counter()
-    with torch_threads(threads):
+
+    def run() -> None:
         for kind, dev in _representatives(names, kinds).items():
             fit_kind(est, model, kind, dev, sweep, clock)
         for (ks, kd), (s, d) in _pairs(names, kinds).items():
             est.fit_transfer(ks, kd, *profile_pair(model, s, d, sweep, clock))
         est.copy_bandwidth_bytes_s = copy_bandwidth()
-    est.set_interference(colocation(model, names, sweep, threads, clock))
+        est.set_interference(colocation(model, names, sweep, threads, clock))
+    in_own_thread(threads, run)
     logger.info("profiled %s on %s in %.1f s; sample CoV per op: %s; co-location: %s",
                 model.name, ", ".join(names), time.perf_counter() - t0,
                 ", ".join(f"{e.name} {e.sample_cov:.1%}" for e in est.ops.values()

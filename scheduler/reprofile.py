@@ -30,7 +30,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from models.cpu import torch_threads
+from models.cpu import in_own_thread
 from models.loader import Model
 from scheduler.estimators import Estimators
 from scheduler.profiling import Sweep, fit_kind, profile_pair, remember, take_kind, take_pair
@@ -122,9 +122,11 @@ class PairProfiler:
             logger.warning("could not write the re-profile into %s: %s", path, e)
 
     def _fit_kind(self, fresh: Estimators, kind: str, device: str) -> None:
-        with torch_threads(self.threads):  # NOTE: a worker thread starts at torch's default
-            fit_kind(fresh, self.model, kind, device, self.sweep, time.perf_counter,
-                     self._wait_idle)
+        # NOTE: on a thread that ends with the sweep (`in_own_thread`), not on the loop's
+        # pool thread, whose OpenMP team would outlive it beside the executors'
+        in_own_thread(self.threads, lambda: fit_kind(fresh, self.model, kind, device,
+                                                     self.sweep, time.perf_counter,
+                                                     self._wait_idle))
 
     def _wait_idle(self) -> None:
         """Before each op of a kind's sweep (worker thread): wait for no op in flight."""
