@@ -3,7 +3,9 @@
 The worker thread picks among ready ops with `pick_next` (the rule the
 simulator imports), runs the op, stamps (start, end) and reports the
 completion to the asyncio loop. When another op is already ready it runs it
-at once, without a round trip through the event loop.
+at once, without a round trip through the event loop. Between ops it also
+runs work handed to `call` (a re-profile's timed ops: on the device's own
+thread and intra-op threads, as its live ops run).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 from executors.dispatch import mark_issued, pick_next, scan_ready
@@ -50,6 +53,7 @@ class Executor:
         self._loop = loop
         self._threads = intra_op_threads
         self._pending: list[OpInstance] = []
+        self._calls: list[tuple[Callable[[], Any], Future[Any]]] = []  # run before ops
         self._cond = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -78,6 +82,18 @@ class Executor:
         for op in ops:
             self._fail(op, RuntimeError(f"executor {self.device.name} is dead"))
 
+    def call(self, fn: Callable[[], Any]) -> Future[Any]:
+        """Run `fn` on the worker thread before its next op (thread-safe); its result or
+        error goes to the future (on a dead or stopped executor, an error at once)."""
+        fut: Future[Any] = Future()
+        with self._cond:
+            if self.alive and not self._stopping:
+                self._calls.append((fn, fut))
+                self._cond.notify()
+                return fut
+        fut.set_exception(RuntimeError(f"executor {self.device.name} is not running"))
+        return fut
+
     def cancel(self, ops: set[OpInstance]) -> list[OpInstance]:
         """Remove queued (not running) ops; returns the ones removed."""
         with self._cond:
@@ -105,6 +121,7 @@ class Executor:
             self._cond.notify()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        self._fail_calls(RuntimeError(f"executor {self.device.name} stopped"))
 
     # -- worker thread -------------------------------------------------------------------
     def _next_ready(self) -> tuple[OpInstance | None, float | None]:
@@ -113,9 +130,11 @@ class Executor:
         ready, wake = scan_ready(self._pending, now)
         return pick_next(ready), None if wake is None else wake - now
 
-    def _take(self) -> OpInstance | None:
+    def _take(self) -> OpInstance | tuple[Callable[[], Any], Future[Any]] | None:
         with self._cond:
             while not self._stopping:
+                if self._calls:
+                    return self._calls.pop(0)
                 op, wake = self._next_ready()
                 if op is not None:
                     self._pending.remove(op)
@@ -129,8 +148,11 @@ class Executor:
     def _work(self) -> None:
         try:
             self._thread_init()
-            while (op := self._take()) is not None:
-                self._execute(op)
+            while (item := self._take()) is not None:
+                if isinstance(item, OpInstance):
+                    self._execute(item)
+                else:
+                    _run_call(*item)
         except BaseException as e:  # NOTE: the thread dies; its ops must not hang
             logger.critical("executor %s died", self.device.name, exc_info=True)
             self._fail_all(e)
@@ -143,6 +165,13 @@ class Executor:
             self._pending, self.running = [], None
         for op in left:
             self._fail(op, RuntimeError(f"executor {self.device.name} died: {cause!r}"))
+        self._fail_calls(RuntimeError(f"executor {self.device.name} died: {cause!r}"))
+
+    def _fail_calls(self, error: Exception) -> None:
+        with self._cond:
+            calls, self._calls = self._calls, []
+        for _, fut in calls:
+            fut.set_exception(error)
 
     def _fail(self, op: OpInstance, error: Exception) -> None:
         op.error, op.end, op.state = error, time.monotonic(), OpState.FAILED
@@ -203,6 +232,15 @@ class Executor:
             op.ready_at = time.monotonic() + RECV_RETRY_S  # others may run meanwhile
             self._pending.append(op)
             self.running = None
+
+
+def _run_call(fn: Callable[[], Any], fut: Future[Any]) -> None:
+    if not fut.set_running_or_notify_cancel():
+        return
+    try:
+        fut.set_result(fn())
+    except Exception as e:  # NOTE: the caller's error, not the executor's: it keeps running
+        fut.set_exception(e)
 
 
 def link(executors: list[Executor]) -> None:

@@ -19,6 +19,7 @@ from models.loader import Model
 from models.prefix_cache import CachingAllocator
 from scheduler.config import SchedulerConfig
 from scheduler.kv import KVManager
+from scheduler.oprunner import OnDevice
 
 
 class ExecutorLike(Protocol):
@@ -161,6 +162,14 @@ class Execution:
                 op.held_bytes = 0
             op.output = None
             op.batch = None
+
+    def on_device(self, device: str) -> OnDevice | None:
+        """Runs a timed op on `device`'s executor thread, between its ops (None where the
+        executor is not a local thread: fakes, Ray actors)."""
+        ex = self.executors.get(device)
+        if not isinstance(ex, Executor):
+            return None
+        return lambda fn: ex.call(fn).result()
 
     def busy_s(self, device: str) -> float:
         return self.executors[device].busy_s if device in self.executors else 0.0

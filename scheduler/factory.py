@@ -84,6 +84,7 @@ def build_scheduler(model: Model, devices: list[Device], cfg: SchedulerConfig,
 
     est.on_interference = learnt
     sched.profiler = PairProfiler(model, est, devices=[d.name for d in devices if d.node is None],
-                                  idle=lambda: not gmg.scheduled, threads=threads)
+                                  idle=lambda: not gmg.scheduled, threads=threads,
+                                  on_device=sched.exec.on_device)
     est.on_drift = sched.profiler.request_kind
     return sched

@@ -17,8 +17,11 @@ import torch
 from models.batch import Batch, BatchShape, SeqSpec, build_batch
 from models.kv_cache import KVCache, blocks_for
 from models.loader import Model
+from models.ops import Op
 
 Case = tuple[tuple[int, ...], tuple[int, ...]]  # (new tokens per seq, past tokens per seq)
+# runs one timed op where it should run (a re-profile: on the device's executor thread)
+OnDevice = Callable[[Callable[[], tuple[float, torch.Tensor]]], tuple[float, torch.Tensor]]
 
 
 @dataclass(slots=True)
@@ -78,21 +81,29 @@ class ShapeRunner:
             self.kv.allocator.free(list(s.block_table))
         return batch
 
-    def run_once(self, batch: Batch, pause: Callable[[], None] | None = None) -> list[float]:
-        """Seconds of each op, one chain run; `pause` runs before each op, off its clock."""
-        times, x = [], None
+    def run_once(self, batch: Batch, pause: Callable[[], None] | None = None,
+                 on_device: OnDevice | None = None) -> list[float]:
+        """Seconds of each op, one chain run; `pause` runs before each op, off its clock;
+        `on_device` runs each timed op (default: here)."""
+        times: list[float] = []
+        x: torch.Tensor | None = None
         clock = self.clock
         for op in self.ops:
             if pause is not None:
                 pause()
-            t0 = clock()
-            x = op.run(batch, x, self.kv)
-            self._sync()
-            times.append(clock() - t0)
+
+            def timed(op: Op = op, x: torch.Tensor | None = x) -> tuple[float, torch.Tensor]:
+                t0 = clock()
+                out = op.run(batch, x, self.kv)
+                self._sync()
+                return clock() - t0, out
+            seconds, x = timed() if on_device is None else on_device(timed)
+            times.append(seconds)
         return times
 
     def sample_all(self, cases: Sequence[Case], repeats: int,
-                   pause: Callable[[], None] | None = None) -> list[OpSample]:
+                   pause: Callable[[], None] | None = None,
+                   on_device: OnDevice | None = None) -> list[OpSample]:
         """Every case `repeats` times after a warm-up round, interleaved (each round runs
         every case once), so a change in background load hits all shapes alike. `pause`
         runs before each op (a re-profile waits there while the serving devices work, so
@@ -107,7 +118,7 @@ class ShapeRunner:
         rng = random.Random(0)
         for r in range(repeats + 1):
             for i in order:
-                t = self.run_once(batches[i], pause)
+                t = self.run_once(batches[i], pause, on_device)
                 if r:
                     runs[i].append(t)
             rng.shuffle(order)

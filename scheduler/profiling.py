@@ -40,7 +40,14 @@ from models.template import GraphTemplate, OpKind
 from scheduler.colocation import profile_colocation
 from scheduler.estimators import Estimators, device_kind
 from scheduler.linear import LinearEstimator
-from scheduler.oprunner import Case, Clock, ShapeRunner, copy_bandwidth, time_copies
+from scheduler.oprunner import (
+    Case,
+    Clock,
+    OnDevice,
+    ShapeRunner,
+    copy_bandwidth,
+    time_copies,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -137,14 +144,15 @@ def profile(model: Model, devices: Sequence[Device | str], sweep: Sweep | None =
 
 
 def fit_kind(est: Estimators, model: Model, kind: str, device: str, sweep: Sweep,
-             clock: Clock = time.perf_counter,
-             pause: Callable[[], None] | None = None) -> None:
+             clock: Clock = time.perf_counter, pause: Callable[[], None] | None = None,
+             on_device: OnDevice | None = None) -> None:
     """Time the sweep's cases on `device` and (re)fit every op of `kind` from them.
-    `pause` runs before each op (a re-profile waits there for the host to go idle)."""
+    `pause` runs before each op (a re-profile waits there for the host to go idle), and
+    `on_device` runs each timed op (a re-profile's: on the device's executor thread)."""
     est.native_rows = native_rows(model)
     runner = ShapeRunner(model, Device(device, 1).torch_device, sweep.cases(),
                          sweep.block_size, clock)
-    samples = runner.sample_all(sweep.cases(), sweep.repeats, pause)
+    samples = runner.sample_all(sweep.cases(), sweep.repeats, pause, on_device)
     for i, t in enumerate(model.template.ops):
         fitted = est.fit_op(kind, t.name, [s.shape for s in samples],
                             [s.median(i) for s in samples])

@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from models.cpu import in_own_thread
 from models.loader import Model
 from scheduler.estimators import Estimators
+from scheduler.oprunner import OnDevice
 from scheduler.profiling import Sweep, fit_kind, profile_pair, remember, take_kind, take_pair
 
 logger = logging.getLogger(__name__)
@@ -50,9 +51,12 @@ class PairProfiler:
 
     def __init__(self, model: Model, est: Estimators, sweep: Sweep | None = None,
                  devices: Sequence[str] = (), idle: Callable[[], bool] | None = None,
-                 threads: int = 1) -> None:
+                 threads: int = 1, on_device: Callable[[str], OnDevice | None] | None = None
+                 ) -> None:
         self.model, self.est, self.sweep = model, est, sweep or Sweep()
         self.threads = threads  # intra-op threads of a kind's sweep (the executors')
+        # where a device's timed ops run (its executor's thread), None: on the sweep's thread
+        self.on_device = on_device or (lambda device: None)
         self.devices = list(devices)  # where a kind's sweep may run
         self.is_idle = idle or (lambda: True)  # no op in flight (read from the worker thread)
         self._todo: deque[tuple[str, str] | str] = deque()  # pairs, or device kinds
@@ -122,11 +126,15 @@ class PairProfiler:
             logger.warning("could not write the re-profile into %s: %s", path, e)
 
     def _fit_kind(self, fresh: Estimators, kind: str, device: str) -> None:
-        # NOTE: on a thread that ends with the sweep (`in_own_thread`), not on the loop's
-        # pool thread, whose OpenMP team would outlive it beside the executors'
-        in_own_thread(self.threads, lambda: fit_kind(fresh, self.model, kind, device,
-                                                     self.sweep, time.perf_counter,
-                                                     self._wait_idle))
+        # NOTE: each timed op runs on the device's executor thread where it has one: a
+        # sweep on a thread of its own at the executors' count ran beside their OpenMP
+        # teams, and libgomp then sleeps every team's workers between parallel regions
+        # (the fit read 1.5x the live ops, and the live ops slowed while it ran).
+        # Otherwise on a thread that ends with the sweep, not on the loop's pool thread.
+        on_device = self.on_device(device)
+        in_own_thread(1 if on_device else self.threads,
+                      lambda: fit_kind(fresh, self.model, kind, device, self.sweep,
+                                       time.perf_counter, self._wait_idle, on_device))
 
     def _wait_idle(self) -> None:
         """Before each op of a kind's sweep (worker thread): wait for no op in flight."""

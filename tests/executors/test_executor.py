@@ -227,3 +227,39 @@ def test_a_batch_is_built_before_the_op_clock_starts(monkeypatch: pytest.MonkeyP
     assert op.state is OpState.DONE and seen and seen[0] is not None  # built before the op ran
     assert op.start is not None and op.end is not None
     assert op.start - t0 >= 0.05 and op.end - op.start < 0.04  # the build is not the op's time
+
+
+def test_a_call_runs_on_the_worker_thread_before_the_next_op() -> None:
+    started, gate = threading.Event(), threading.Event()
+    order: list[str] = []
+
+    def run_op(op: OpInstance) -> None:
+        if op.name == "gate":
+            started.set()
+            gate.wait(5)
+        order.append(op.name)
+
+    def call() -> str:
+        order.append("call")
+        return threading.current_thread().name
+
+    sink = Sink()
+    ex = Executor(Device("cpu:0", 1 << 20), run_op, sink, None, intra_op_threads=1)
+    ex.start()
+    try:
+        first, later = plain_op("cpu:0", name="gate"), plain_op("cpu:0", name="later")
+        ex.enqueue_many([first, later])
+        assert started.wait(5)
+        fut = ex.call(call)
+        failing = ex.call(lambda: 1 / 0)
+        gate.set()
+        assert fut.result(5) == "exec-cpu:0"  # the device's own thread
+        with pytest.raises(ZeroDivisionError):
+            failing.result(5)
+        sink.wait_finished([first, later])
+        assert order == ["gate", "call", "later"]  # between ops, ahead of queued ones
+        assert ex.alive and later.state is OpState.DONE  # the call's error was the caller's
+    finally:
+        ex.stop()
+    with pytest.raises(RuntimeError, match="not running"):
+        ex.call(lambda: None).result(1)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
 from executors.types import Priority
 from models.batch import BatchShape
@@ -16,7 +19,9 @@ from scheduler.config import SchedulerConfig
 from scheduler.estimators import op_features
 from scheduler.factory import build_scheduler, parse_devices
 from scheduler.ieg import FinishReason, Request
+from scheduler.oprunner import OnDevice
 from scheduler.profiling import Sweep, load_or_profile
+from scheduler.reprofile import PairProfiler
 
 SMALL = Sweep(prefill_tokens=(4, 64, 256), chunks=((32, 64),), decode_batches=(1, 3),
               decode_contexts=(8, 64), transfer_tokens=(1, 8, 32), repeats=1)
@@ -57,6 +62,8 @@ async def test_a_drifted_kind_is_profiled_again_when_the_devices_are_idle(
     cfg = SchedulerConfig(policy="slice", max_model_len=1024, max_batch_tokens=512)
     sched = build_scheduler(model, parse_devices("cpu:0,cpu:1", 0.25), cfg, est)
     assert sched.gmg.interference is est.interference
+    assert sched.profiler is not None
+    ran_on = _threads_of_timed_ops(sched.profiler)
     await sched.start()
     try:
         req = Request("p", "t", Priority.HIGH, [5, 6, 7, 8], SamplingParams(temperature=0,
@@ -81,6 +88,7 @@ async def test_a_drifted_kind_is_profiled_again_when_the_devices_are_idle(
         assert est.drift.fired[-1:] == ["cpu"], caplog.text  # handed out at once
         assert sched.profiler is not None
         await sched.profiler.idle()
+        assert ran_on and set(ran_on) == {"exec-cpu:0"}  # every timed op on the executor
         assert sched.profiler.failures == 0, caplog.text
         assert sched.profiler.kinds_done == ["cpu"], caplog.text
         assert 0.5 < layers.level < 2.0  # measured against the new profile
@@ -96,3 +104,23 @@ async def test_a_drifted_kind_is_profiled_again_when_the_devices_are_idle(
     assert again.op_time("cpu:0", name, shape) == pytest.approx(fresh_s, rel=1e-9)
     assert fresh_s != pytest.approx(3 * true_s, rel=0.01)
     assert again.transfers.keys() == est.transfers.keys() and again.interference is not None
+
+
+def _threads_of_timed_ops(profiler: PairProfiler) -> list[str]:
+    """The names of the threads each timed op of `profiler`'s sweeps runs on (filled live)."""
+    names: list[str] = []
+    inner = profiler.on_device
+
+    def spy(device: str) -> OnDevice | None:
+        run = inner(device)
+        if run is None:
+            return None
+
+        def on(fn: Callable[[], tuple[float, torch.Tensor]]) -> tuple[float, torch.Tensor]:
+            def where() -> tuple[float, torch.Tensor]:
+                names.append(threading.current_thread().name)
+                return fn()
+            return run(where)
+        return on
+    profiler.on_device = spy
+    return names
