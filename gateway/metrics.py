@@ -82,6 +82,9 @@ class _StatsCollector:
                                           "Background profiles of a device kind (its ops "
                                           "drifted) or a transfer pair.", labels=["target"]),
                       s.reprofiles.items())
+        yield GaugeMetricFamily("slicegate_estimator_reprofiling",
+                                "1 while a background profile runs (its ops share the "
+                                "devices), else 0.", value=float(s.reprofiling))
         slowdown = GaugeMetricFamily("slicegate_colocation_slowdown",
                                      "How much longer an op class takes while another device "
                                      "of its host runs an op of class `beside` (profiled).",

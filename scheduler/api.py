@@ -49,6 +49,7 @@ class SchedulerStats:
     estimator_level: dict[str, float] = field(default_factory=dict)  # estimator -> measured /
     # profiled time (median of recent ops; 1.0 while the machine runs as profiled)
     reprofiles: dict[str, int] = field(default_factory=dict)  # kind or pair -> cumulative
+    reprofiling: bool = False  # a background profile is running
     slowdown: dict[tuple[str, str], float] = field(default_factory=dict)  # (op class, class
     # running beside it on another device of the host) -> co-location slowdown
     first_token_factor: dict[str, float] = field(default_factory=dict)  # placement kind ->

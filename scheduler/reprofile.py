@@ -66,6 +66,11 @@ class PairProfiler:
         self.kinds_done: list[str] = []  # kinds re-profiled, in order
         self.failures = 0
 
+    @property
+    def busy(self) -> bool:
+        """A background profile is queued or running."""
+        return self._task is not None and not self._task.done()
+
     def request(self, pairs: list[tuple[str, str]]) -> None:
         """Queue pairs to profile (call on the event loop). A pair with a remote device
         (`NODE/...`) is left out: its copies run between Ray actors, not here."""

@@ -37,7 +37,7 @@ def collect(s: Scheduler) -> SchedulerStats:
         round_seconds=s.books.rounds.copy(), estimator_mape=mape,
         estimator_cov=est.sample_cov() if est is not None else {},
         estimator_level=est.levels() if est is not None else {},
-        reprofiles=_reprofiles(s),
+        reprofiles=_reprofiles(s), reprofiling=s.profiler is not None and s.profiler.busy,
         slowdown=dict(est.interference.slowdown) if est is not None and est.interference else {},
         first_token_factor=dict(s.calibration.factors()),
         fairness_jain=s.fair.jain(),

@@ -19,7 +19,8 @@ NAMES = (
     "slicegate_slo_attainment", "slicegate_device_busy_ratio", "slicegate_scheduler_round_seconds",
     "slicegate_scheduler_errors_total",
     "slicegate_estimator_mape", "slicegate_estimator_sample_cov", "slicegate_estimator_level",
-    "slicegate_estimator_reprofiles_total", "slicegate_colocation_slowdown",
+    "slicegate_estimator_reprofiles_total", "slicegate_estimator_reprofiling",
+    "slicegate_colocation_slowdown",
     "slicegate_first_token_factor",
     "slicegate_tenant_ttft_slo_seconds",
 )

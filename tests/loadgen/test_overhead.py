@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import http.server
 import json
+import threading
 from pathlib import Path
 
 import pytest
 
+from loadgen import overhead
 from loadgen.__main__ import main
 from loadgen.overhead import (
     ProbeConfig,
@@ -16,6 +19,7 @@ from loadgen.overhead import (
     run_probe,
     server_command,
     summarize,
+    wait_quiet,
 )
 from loadgen.timeline import OpSpan
 
@@ -101,3 +105,33 @@ def test_the_probed_server_recomputes_every_prompt_as_direct_does(tmp_path: Path
     # a prefix cache would serve repeated probe prompts from KV that `direct` recomputes
     command = server_command(ProbeConfig(out=tmp_path), 8000)
     assert "--no-prefix-cache" in command and command[command.index("--port") + 1] == "8000"
+
+
+def test_the_probe_waits_while_the_server_reprofiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    answers = iter(["slicegate_estimator_reprofiling 1.0\n"] * 3
+                   + ["slicegate_estimator_reprofiling 0.0\n"])
+    polls: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            polls.append(self.path)
+            body = next(answers).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    monkeypatch.setattr(overhead, "QUIET_POLL_S", 0.01)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        waited = wait_quiet(f"http://127.0.0.1:{server.server_address[1]}")
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+    assert polls == ["/metrics"] * 4 and waited >= 0.03

@@ -87,7 +87,9 @@ async def test_a_drifted_kind_is_profiled_again_when_the_devices_are_idle(
             est.observe_op("cpu:0", name, shape, true_s, at=t0 + 0.01 * k)
         assert est.drift.fired[-1:] == ["cpu"], caplog.text  # handed out at once
         assert sched.profiler is not None
+        assert sched.stats().reprofiling  # /metrics says one runs
         await sched.profiler.idle()
+        assert not sched.stats().reprofiling
         assert ran_on and set(ran_on) == {"exec-cpu:0"}  # every timed op on the executor
         assert sched.profiler.failures == 0, caplog.text
         assert sched.profiler.kinds_done == ["cpu"], caplog.text
