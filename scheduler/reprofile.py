@@ -1,7 +1,8 @@
 """Profiling in the background what the estimators lack or lost.
 
 Two kinds of job, one at a time on a supervised task, their timing on a worker
-thread and their fit on the event loop:
+thread (a kind's timed ops on the device's executor thread, where it has one) and
+their fit on the event loop:
 
 - a device pair the start-up fit lacks (or whose transfers drifted): the
   estimators price it with a conservative fallback meanwhile and hand it out;
