@@ -61,6 +61,9 @@ CHOICES: dict[str, KernelChoice] = {
 }
 
 
+BF16_ONLY = {"prefill-amx"}  # AMX tiles compute in bf16: no float32 path to hold exact
+
+
 def _available(name: str, dtype: torch.dtype) -> bool:
     c = CHOICES[name]
     uses_native = (c.gemm.native_rows > 0 or "native" in (
@@ -115,10 +118,10 @@ def pad_small_batches(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(layers, "EXACT_ROWS", 0)
 
 
-@pytest.mark.parametrize("name", sorted(CHOICES))
+@pytest.mark.parametrize("name", sorted(set(CHOICES) - BF16_ONLY))
 def test_fp32_equals_transformers(folder: Path, name: str) -> None:
     if not _available(name, torch.float32):
-        pytest.skip(f"{name}: not available for float32 on this CPU")
+        pytest.skip(f"{name}: not available on this CPU")
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     model = models.load(folder, dtype="float32", kernel_choice=CHOICES[name])
     for got, want in zip(_ours(model), _want(hf), strict=True):
