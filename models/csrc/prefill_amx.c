@@ -9,7 +9,7 @@
  * (S = Q K^T into an fp32 buffer), takes an exact softmax over each row in AVX-512
  * (max, exp, sum in fp32; probabilities rounded to bf16, as SDPA's bf16 kernel
  * does), then P V on tiles again, so nothing is rescaled. The tiles' work is a
- * small part of the time: the softmax's vector passes are most of it. Per KV head
+ * smaller part of the time: the softmax's vector passes take about half. Per KV head
  * the keys are laid out once as tiles of 16 tokens in AMX's pair-interleaved B
  * layout (head dims padded to 32 with zeros) and the values as tiles of 32 tokens.
  * Built only where the compiler targets AMX-BF16 (`-march=native` on such a CPU);
