@@ -53,7 +53,7 @@ _SIGNATURES = {
     "decode_layer": [_P, _P, _I64, _I64, _I64, _I64, _I64, _I64, _P, _P, _F, _P, _P, _P, _P, _P,
                      _P, _P, _P, _P, _P, _P, _I64, _I64, _P, _P, _I64, _P, _INT],
 }
-_BF16_ONLY = {"prefill_amx_bf16": _SIGNATURES["prefill_attn"], "amx_ready": []}
+_ONE_BUILD = {"prefill_amx_bf16": _SIGNATURES["prefill_attn"], "amx_ready": []}  # not per dtype
 
 
 def _compiler() -> str | None:
@@ -91,7 +91,7 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         for suffix in _SUFFIX.values():
             fn = getattr(lib, f"{base}_{suffix}")
             fn.argtypes, fn.restype = argtypes, _INT
-    for name, argtypes in _BF16_ONLY.items():
+    for name, argtypes in _ONE_BUILD.items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = argtypes, _INT
     return lib
@@ -243,17 +243,11 @@ def prefill_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     assert values.is_contiguous() and table.is_contiguous() and table.numel() * bs >= num_past + n
     assert kernel == "native" or q.dtype == torch.bfloat16, "the AMX kernel is bf16 only"
     out = torch.empty(n, h, d, dtype=q.dtype)
-    fn = _fn("prefill_attn", q.dtype) if kernel == "native" else _amx()
+    fn = _fn("prefill_attn" if kernel == "native" else "prefill_amx", q.dtype)
     _ok(fn(q.data_ptr(), q.stride(0), keys.data_ptr(), values.data_ptr(), hkv, nblocks, bs, d,
            table.data_ptr(), num_past, n, out.data_ptr(), h * d, h, d**-0.5),
         f"{kernel} prefill attention")
     return out
-
-
-def _amx() -> Any:
-    lib = library()
-    assert lib is not None, "native kernels are not available on this machine"
-    return lib.prefill_amx_bf16
 
 
 @functools.cache
