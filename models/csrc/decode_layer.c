@@ -25,16 +25,21 @@
     DT *g = malloc(sizeof(DT) * M * I), *a = malloc(sizeof(DT) * M * I);                    \
     if (!hn || !qkv || !att || !h || !g || !a) { rc = -2; goto done; }                      \
     rms_norm_##SFX(x, D, in_norm, hn, D, M, D, eps);                                        \
-    gemv_##SFX(hn, D, w_qkv, b_qkv, qkv, nqkv, NULL, 0, M, nqkv, D, EPI_NONE, pf);          \
+    if ((rc = gemv_##SFX(hn, D, w_qkv, b_qkv, qkv, nqkv, NULL, 0,                           \
+            M, nqkv, D, EPI_NONE, pf))) goto done;                                          \
     rope_write_##SFX(qkv, nqkv, cos, sin, M, H, Hkv, hd, kc, vc, NB, bs, slots);            \
     rc = decode_attn_##SFX(qkv, nqkv, kc, vc, Hkv, NB, bs, hd, tables, nbt, lens, att,      \
                            H * hd, M, H, 1.f / sqrtf((float)hd));                           \
     if (rc) goto done;                                                                     \
-    gemv_##SFX(att, H * hd, w_o, b_o, h, D, x, D, M, D, H * hd, EPI_ADD, pf);               \
+    if ((rc = gemv_##SFX(att, H * hd, w_o, b_o, h, D, x, D,                                 \
+            M, D, H * hd, EPI_ADD, pf))) goto done;                                         \
     rms_norm_##SFX(h, D, post_norm, hn, D, M, D, eps);                                      \
-    gemv_##SFX(hn, D, w_gate, NULL, g, I, NULL, 0, M, I, D, EPI_SILU, pf);                  \
-    gemv_##SFX(hn, D, w_up, NULL, a, I, g, I, M, I, D, EPI_MUL, pf);                        \
-    gemv_##SFX(a, I, w_down, NULL, out, D, h, D, M, D, I, EPI_ADD, pf);                     \
+    if ((rc = gemv_##SFX(hn, D, w_gate, NULL, g, I, NULL, 0,                                \
+            M, I, D, EPI_SILU, pf))) goto done;                                             \
+    if ((rc = gemv_##SFX(hn, D, w_up, NULL, a, I, g, I,                                     \
+            M, I, D, EPI_MUL, pf))) goto done;                                              \
+    if ((rc = gemv_##SFX(a, I, w_down, NULL, out, D, h, D,                                  \
+            M, D, I, EPI_ADD, pf))) goto done;                                              \
 done:                                                                                      \
     free(hn); free(qkv); free(att); free(h); free(g); free(a);                             \
     return (int)rc;
