@@ -51,17 +51,7 @@ static inline f32x16 ld_bf16(const uint16_t *p) {
 }
 
 typedef float f32x8 __attribute__((vector_size(32)));
-typedef uint16_t u16x8 __attribute__((vector_size(16)));
 typedef uint32_t u32x8 __attribute__((vector_size(32)));
-
-static inline f32x8 ld8_bf16(const uint16_t *p) {
-    u16x8 h;
-    memcpy(&h, p, sizeof h);
-    u32x8 w = __builtin_convertvector(h, u32x8) << 16;
-    f32x8 f;
-    memcpy(&f, &w, sizeof f);
-    return f;
-}
 
 static inline float hsum8(f32x8 v) {
     return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
