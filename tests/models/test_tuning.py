@@ -183,6 +183,10 @@ def test_few_row_paths_are_chosen_by_their_summed_times() -> None:
                      "base": {1: 48.8, 2: 69.2, 4: 117.3, 8: 150.0}}
     assert probes.rows_rule(tie_then_wins) == 4  # 1 + 2 + 4: 141.6 < 235.3; with 8 it is not
     assert probes.rows_rule({"fast": {1: 2.0, 2: 3.0}, "base": {1: 1.0, 2: 2.0}}) == 0
+    # the kernel record of an AVX2-only machine: ahead on the sum at 8 rows, 2.4x slower there
+    carried = {"fast": {1: 12.4, 2: 12.7, 4: 26.7, 8: 131.7},
+               "base": {1: 16.8, 2: 29.3, 4: 86.6, 8: 55.9}}
+    assert probes.rows_rule(carried) == 4
 
 
 @needs_native
