@@ -61,9 +61,9 @@ static inline __attribute__((always_inline)) void tile_bf16(
  * NOTE: the weights are not widened element by element: 16 bf16 read as 8 u32 pairs give the
  * even elements as fp32 by one shift and the odd ones by one mask, so x comes split the same
  * way (`split_rows`: per 16 elements, the 8 even ones then the 8 odd ones, in fp32), once per
- * call rather than once per tile. On an AMD EPYC with AVX2 only a one-row step over the
- * default model's 269 MB of weights took 11.7 ms this way against 18.0 widening both sides
- * per tile (both prefetching into L2; a plain read of the weights 9.3 ms). */
+ * call rather than once per tile. On an AMD EPYC with AVX2 only (a throwaway harness) a
+ * one-row step over the default model's 269 MB of weights took 11.7 ms this way against 18.0
+ * widening both sides per tile (both prefetching into L2; a plain read of them 9.3 ms). */
 static inline __attribute__((always_inline)) void tile_bf16(
         const uint16_t *w, int64_t K, const uint16_t *const xr[4], const float *xs,
         float out[4][4], const int MT, const int PL) {
