@@ -153,10 +153,20 @@ def decoder_layer(x: torch.Tensor, w: LayerWeights, dims: AttnDims, cos: torch.T
 
 
 def whole_layer_native(batch: Batch, w: LayerWeights, choice: LayerChoice) -> bool:
-    """A decode-only batch within the native GEMV's rows runs each layer as one native call."""
+    """A decode-only batch within the native GEMV's rows runs each layer as one native call
+    (on the model-dtype copy of upcast weights: `Linear.gemv_for`)."""
     g = batch.decode
     return (choice.decode_layer == "native" and g is not None and not batch.prefills
-            and len(g.rows) <= w.qkv.native_rows and not w.qkv.upcast)
+            and all(lin.gemv_for(len(g.rows)) is not None for lin in w.linears()))
+
+
+def _gemv_weights(w: LayerWeights, rows: int) -> list[torch.Tensor | None]:
+    # qkv, its bias, o, its bias, gate, up, down: what the native GEMVs read at `rows` rows
+    lins = [lin.gemv_for(rows) for lin in w.linears()]
+    assert all(lin is not None for lin in lins), "not a native decode layer at these rows"
+    qkv, o, gate, up, down = (lin for lin in lins if lin is not None)
+    return [qkv.row_major(), qkv.bias, o.row_major(), o.bias, gate.row_major(), up.row_major(),
+            down.row_major()]
 
 
 def native_decoder_layer(x: torch.Tensor, w: LayerWeights, dims: AttnDims, cos: torch.Tensor,
@@ -164,8 +174,7 @@ def native_decoder_layer(x: torch.Tensor, w: LayerWeights, dims: AttnDims, cos: 
     # x: [B, D] (one decode token per sequence) -> [B, D]; the kernels of `decoder_layer`
     g = batch.decode
     assert g is not None
-    weights = [w.input_norm, w.post_norm, w.qkv.row_major(), w.qkv.bias, w.o.row_major(),
-               w.o.bias, w.gate.row_major(), w.up.row_major(), w.down.row_major()]
+    weights = [w.input_norm, w.post_norm, *_gemv_weights(w, x.shape[0])]
     return native.decode_layer(x.contiguous(), weights, dims.eps,
                                (dims.num_heads, dims.num_kv_heads, dims.head_dim), cos, sin,
                                kv.keys[layer], kv.values[layer], batch.slot_mapping, g.blocks,

@@ -132,6 +132,15 @@ class Linear:
         """(x @ W.T + b) + other, as a new tensor (`other` is left alone)."""
         return self._call(x, "add", other)
 
+    def gemv_for(self, rows: int) -> Linear | None:
+        """The linear whose native GEMV takes `rows` rows on weights of the model's dtype:
+        this one, or its `half` copy when upcast (None where neither does)."""
+        if self.out_dtype is None:
+            return self if rows <= self.native_rows else None
+        if self.half is None or rows > self.half_rows:
+            return None
+        return self.half.gemv_for(rows)
+
     def row_major(self) -> torch.Tensor | None:
         """The plain [N, K] weight the native GEMV reads, if it is kept (no copy)."""
         return self.rows_major if self.packed else self.weight

@@ -109,20 +109,25 @@ def measure_gemm(layers: list[LayerWeights], dtype: torch.dtype,
         chosen, base = _half_rows(plain, sets, chosen, dtype, repeats, ms)
     if not native.supports(torch.float32 if chosen.upcast else dtype):
         return chosen, ms
-    gemvs = {pf: _gemv_linears(plain, chosen, pf) for pf in PREFETCH}
+    on_half = chosen.upcast and native.supports(dtype)  # the GEMV reads the model-dtype copy
+    half_rows = max(NATIVE_ROWS) if on_half else chosen.half_rows
+    gemvs = {pf: _gemv_linears(plain, chosen, pf, half_rows) for pf in PREFETCH}
     level, pf_ms = _prefetch_level(gemvs, dtype, repeats)
     ms.update({f"native@{pf}": t for pf, t in pf_ms.items()})
-    rows, native_ms = _rows_won(gemvs[level], base, dtype, repeats)  # NOTE: on the half copy too
+    rows, native_ms = _rows_won(gemvs[level], base, dtype, repeats)
     key = replace(chosen, half_rows=0).name  # NOTE: timings stay under the candidate's name
     ms["native"], ms[key] = native_ms["fast"], {**ms[key], **native_ms["base"]}
-    return replace(chosen, native_rows=rows, prefetch=level), ms
+    half_rows = max(chosen.half_rows, rows) if on_half else chosen.half_rows
+    return replace(chosen, native_rows=rows, half_rows=half_rows, prefetch=level), ms
 
 
-def _gemv_linears(plain: list[Linear], chosen: GemmChoice, prefetch: str) -> list[Linear]:
+def _gemv_linears(plain: list[Linear], chosen: GemmChoice, prefetch: str,
+                  half_rows: int) -> list[Linear]:
     """`plain` with up to `max(NATIVE_ROWS)` rows on the native GEMV prefetching into
-    `prefetch`, the rest as `chosen` runs them on the model's dtype (aten)."""
+    `prefetch` (upcast: on the model-dtype copy up to `half_rows` rows, on the float32
+    weights above), the rest as `chosen` runs them on the model's dtype (aten)."""
     choice = GemmChoice("aten", native_rows=max(NATIVE_ROWS), upcast=chosen.upcast,
-                        half_rows=chosen.half_rows, prefetch=prefetch)
+                        half_rows=half_rows, prefetch=prefetch)
     return [Linear.build(lin.plain(), lin.plain_bias(), choice) for lin in plain]
 
 
@@ -306,15 +311,18 @@ def _decode_step(lw: list[LayerWeights], cfg: ModelConfig, dtype: torch.dtype, r
 def measure_decode_layer(layers: list[LayerWeights], cfg: ModelConfig, dtype: torch.dtype,
                          gemm: GemmChoice, choice: LayerChoice,
                          repeats: int) -> tuple[str, dict[int, dict[str, float]]]:
-    """Op by op against one native call per layer, where every part of the layer is native."""
-    if not (gemm.native_rows and choice.decode == "native" and choice.norm_rope == "native"
-            and not gemm.upcast):  # NOTE: one native layer reads weights of the model's dtype
+    """Op by op (as `choice` runs them) against one native call per layer, for decode steps of
+    1 and the most rows the native GEMV takes on weights of the model's dtype (`Linear.gemv_for`:
+    upcast, only within `half_rows`), where it takes any."""
+    rows = min(gemm.native_rows, gemm.half_rows) if gemm.upcast else gemm.native_rows
+    if not (rows and native.supports(dtype) and native.decode_supported(
+            cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)):
         return "ops", {}
     lw = [layer_for(w, gemm) for w in _budget_layers(layers)]
     ms = {}
-    for rows in sorted({1, gemm.native_rows}):
-        ms[rows] = median_ms({k: _decode_step(lw, cfg, dtype, rows, choice, k == "native")
-                              for k in ("ops", "native")}, repeats)
+    for r in sorted({1, rows}):
+        ms[r] = median_ms({k: _decode_step(lw, cfg, dtype, r, choice, k == "native")
+                           for k in ("ops", "native")}, repeats)
     score = {k: sum(m[k] for m in ms.values()) for k in ("ops", "native")}
     return min(score, key=lambda k: score[k]), ms
 

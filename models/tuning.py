@@ -9,15 +9,18 @@ of a (CPU, torch, model shape, dtype, threads) this module times
   1, 16, 128 and 512 rows, weights streamed from memory as in a real step
   (from 128 rows, compute-bound, over three layers' weights), then
   the native GEMV (`models.native`) prefetching into L1 against L2 at 1 and 2
-  rows, then the faster of them against the chosen backend at 1, 2, 4 and 8 rows;
+  rows, then the faster of them against the chosen backend at 1, 2, 4 and 8 rows
+  (where the GEMMs run on float32 copies, the GEMV reads the model-dtype copy:
+  the rows it wins extend `half_rows`);
 - SDPA against native flash kernels over the paged cache (fp32 vector arithmetic,
   and AMX tiles for bf16 where the CPU has them) for causal prefills of 16..512
   tokens (by total time), and explicit matmuls against the winner;
 - the decode attention kernels at batch 1, 8 and 32 over mixed contexts in a
   paged cache (the gather included where a kernel needs one);
 - aten against native RMSNorm + RoPE + KV write at 1..512 tokens;
-- where every part of a decode layer went native: the layers op by op against
-  one native call per layer, for decode steps of 1 and `native_rows` rows;
+- where the native GEMV takes decode steps on weights of the model's dtype: the
+  layers op by op against one native call per layer, for decode steps of 1 and
+  the most rows it takes;
 - a layer's GEMMs at row counts new to the process, first run against later
   runs, and against the same rows padded to a multiple of 16: oneDNN builds a
   primitive per row count on first use, so where that costs more than the
@@ -53,7 +56,7 @@ from models.linear import onednn_available
 
 logger = logging.getLogger(__name__)
 
-TUNING_VERSION = 9  # NOTE: bump when candidates or the method change, so caches are remeasured
+TUNING_VERSION = 10  # NOTE: bump when candidates or the method change, so caches are remeasured
 
 
 @dataclass(slots=True)

@@ -58,6 +58,10 @@ CHOICES: dict[str, KernelChoice] = {
     # the whole-layer native call reads weights of the model's dtype: upcast layers run op by op
     "all-native+fp32-gemm": KernelChoice(GemmChoice("onednn", native_rows=4, upcast=True),
                                          LayerChoice(0, "native", "native", "native", 16)),
+    # ... but within `half_rows` it reads the model-dtype copy kept for few rows
+    "all-native+fp32-gemm+half": KernelChoice(
+        GemmChoice("onednn", native_rows=4, upcast=True, half_rows=4),
+        LayerChoice(0, "native", "native", "native", 16)),
 }
 
 

@@ -88,3 +88,13 @@ def test_few_rows_on_the_half_copy_take_the_native_gemv_within_its_rows() -> Non
             native.linear(x.float(), w.float(), b.float()).to(torch.bfloat16) if rows <= 4
             else F.linear(x.float(), w.float(), b.float()).to(torch.bfloat16))
         assert torch.equal(lin(x), want), rows
+
+
+def test_the_gemv_for_few_rows_reads_weights_of_the_model_dtype() -> None:
+    w, b = _weights()
+    plain = Linear.build(w, b, GemmChoice("aten", native_rows=2))
+    assert plain.gemv_for(2) is plain and plain.gemv_for(3) is None
+    up = Linear.build(w, b, GemmChoice("aten", native_rows=4, upcast=True, half_rows=2))
+    assert up.half is not None and up.gemv_for(2) is up.half  # the bf16 copy, not float32
+    assert up.gemv_for(3) is None  # within native_rows, but on the float32 weights
+    assert Linear.build(w, b, GemmChoice("aten", native_rows=4, upcast=True)).gemv_for(1) is None

@@ -15,9 +15,10 @@ import torch.nn.functional as F
 
 from models import attention as attn
 from models import native
-from models.batch import SeqSpec, build_batch
-from models.choices import LayerChoice
+from models.batch import Batch, SeqSpec, build_batch
+from models.choices import GemmChoice, LayerChoice
 from models.cpu import cpu_caps
+from models.kernels import layer_for
 from models.kv_cache import KVCache
 from models.layers import (
     AttnDims,
@@ -26,6 +27,7 @@ from models.layers import (
     decoder_layer,
     native_decoder_layer,
     rope_cos_sin,
+    whole_layer_native,
 )
 from models.linear import Linear
 
@@ -243,6 +245,29 @@ def test_whole_native_layer_equals_op_by_op(dtype: torch.dtype, tol: float,
     got = native_decoder_layer(x, w, dims, cos, sin, batch, caches[1], 0)
     torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
     torch.testing.assert_close(caches[1].keys[0], caches[0].keys[0], rtol=0, atol=0)
+
+
+@needs_native
+def test_upcast_layers_run_the_whole_native_layer_on_their_half_copy() -> None:
+    dims = AttnDims(num_heads=4, num_kv_heads=2, head_dim=16, eps=1e-6)
+    w = _layer(torch.bfloat16, 64, 96, (4 + 2 * 2) * 16, 4 * 16)
+    up = layer_for(w, GemmChoice("aten", native_rows=4, upcast=True, half_rows=2))
+    assert up.qkv.upcast and up.qkv.weight.dtype == torch.float32
+    choice = LayerChoice(decode_layer="native")
+
+    def batch(rows: int) -> Batch:
+        return build_batch([SeqSpec(f"r{i}", [1], 3, [i]) for i in range(rows)], 8,
+                           torch.device("cpu"))
+    assert whole_layer_native(batch(2), up, choice)
+    assert not whole_layer_native(batch(3), up, choice)  # past half_rows: float32 weights
+    b = batch(2)
+    cos, sin = rope_cos_sin(b.positions, torch.rand(8), 1.0, torch.bfloat16)
+    x = torch.randn(2, 64).to(torch.bfloat16)
+    caches = [KVCache(range(1), 2, 8, 2, 16, torch.bfloat16, torch.device("cpu"))
+              for _ in range(2)]
+    got = native_decoder_layer(x, up, dims, cos, sin, b, caches[0], 0)
+    want = native_decoder_layer(x, w, dims, cos, sin, b, caches[1], 0)  # the same bf16 weights
+    assert torch.equal(got, want) and torch.equal(caches[0].keys[0], caches[1].keys[0])
 
 
 def _python(code: str, cache: Path, **env: str) -> subprocess.CompletedProcess[str]:

@@ -230,3 +230,15 @@ def test_a_bf16_load_times_the_amx_prefill_kernel_too(tiny_model_dir: Path, cach
     assert all(set(m) == {"matmul", "sdpa", "native", "amx"} for m in timed.values())
     total = {k: sum(m[k] for m in timed.values()) for k in ("sdpa", "native", "amx")}
     assert model.kernels.layer.prefill == min(total, key=lambda k: total[k])
+
+
+@needs_native
+def test_the_whole_native_layer_is_timed_within_the_rows_of_the_model_dtype_copy(
+        tiny_model_dir: Path, cache: Path) -> None:
+    model = models.load(tiny_model_dir, dtype="bfloat16", kernel_choice=PORTABLE)
+    layers, cfg, lay = layer_weights(model.ops), model.config, PORTABLE.layer
+    up = GemmChoice("aten", native_rows=4, upcast=True, half_rows=2)
+    _, ms = probes.measure_decode_layer(layers, cfg, torch.bfloat16, up, lay, 1)
+    assert sorted(ms) == [1, 2] and all(set(m) == {"ops", "native"} for m in ms.values())
+    bare = GemmChoice("aten", native_rows=4, upcast=True)  # the float32 weights only: no call
+    assert probes.measure_decode_layer(layers, cfg, torch.bfloat16, bare, lay, 1) == ("ops", {})
