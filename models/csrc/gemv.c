@@ -64,12 +64,22 @@ static inline __attribute__((always_inline)) void tile_bf16(
  * call rather than once per tile. On an AMD EPYC with AVX2 only (a throwaway harness) a
  * one-row step over the default model's 269 MB of weights took 11.7 ms this way against 18.0
  * widening both sides per tile (both prefetching into L2; a plain read of them 9.3 ms). */
-static inline __attribute__((always_inline)) void tile_bf16(
+/* Rows i0, i0 + 1 (NI of them) of a tile, their x halves loaded once per step for all 4
+ * weight rows: a whole 4 x 4 tile's 16 accumulators spilled on every step. NOTE: in a
+ * throwaway harness over the default model's linear shapes (212 MB of bf16 weights,
+ * prefetching into L2) 1 / 2 / 4 / 8 rows took 9.1 / 9.5 / 15.9 / 30.6 ms this way against
+ * 10.3 / 11.1 / 19.2 / 36.4 with the 4 x 4 tile, on the same AVX2-only CPU. */
+static inline __attribute__((always_inline)) void pair_bf16(
         const uint16_t *w, int64_t K, const uint16_t *const xr[4], const float *xs,
-        float out[4][4], const int MT, const int PL) {
-    f32x8 a[4][4] = {{{0}}};
+        float out[4][4], const int i0, const int NI, const int PL) {
+    f32x8 a[2][4] = {{{0}}};
     int64_t k = 0;
     for (; k + 16 <= K; k += 16) {
+        f32x8 xe[2], xo[2];
+        for (int i = 0; i < NI; i++) {
+            memcpy(&xe[i], xs + (i0 + i) * K + k, sizeof xe[i]);
+            memcpy(&xo[i], xs + (i0 + i) * K + k + 8, sizeof xo[i]);
+        }
         for (int j = 0; j < 4; j++) {
             if (!(k & 31)) PREFETCH(w + (PF_ROWS + j) * K + k, PL);
             u32x8 pairs, lo, hi;
@@ -79,21 +89,26 @@ static inline __attribute__((always_inline)) void tile_bf16(
             f32x8 even, odd;
             memcpy(&even, &lo, sizeof even);
             memcpy(&odd, &hi, sizeof odd);
-            for (int i = 0; i < MT; i++) {
-                f32x8 xe, xo;
-                memcpy(&xe, xs + i * K + k, sizeof xe);
-                memcpy(&xo, xs + i * K + k + 8, sizeof xo);
-                a[i][j] += even * xe;
-                a[i][j] += odd * xo;
+            for (int i = 0; i < NI; i++) {
+                a[i][j] += even * xe[i];
+                a[i][j] += odd * xo[i];
             }
         }
     }
-    for (int i = 0; i < MT; i++)
+    for (int i = 0; i < NI; i++)
         for (int j = 0; j < 4; j++) {
             float s = hsum8(a[i][j]);
-            for (int64_t kk = k; kk < K; kk++) s += bf16_to_f32(w[j * K + kk]) * bf16_to_f32(xr[i][kk]);
-            out[i][j] = s;
+            for (int64_t kk = k; kk < K; kk++)
+                s += bf16_to_f32(w[j * K + kk]) * bf16_to_f32(xr[i0 + i][kk]);
+            out[i0 + i][j] = s;
         }
+}
+
+static inline __attribute__((always_inline)) void tile_bf16(
+        const uint16_t *w, int64_t K, const uint16_t *const xr[4], const float *xs,
+        float out[4][4], const int MT, const int PL) {
+    pair_bf16(w, K, xr, xs, out, 0, MT < 2 ? MT : 2, PL);
+    if (MT > 2) pair_bf16(w, K, xr, xs, out, 2, MT - 2, PL);
 }
 #else
 static inline __attribute__((always_inline)) void tile_bf16(
@@ -127,8 +142,8 @@ static inline __attribute__((always_inline)) void tile_bf16(
  * vector fit AVX2's 16 registers, where a whole 4 x 4 tile's 16 accumulators lived on the
  * stack (every FMA a load and a store). NOTE: on an AMD EPYC with AVX2 only (a throwaway
  * harness over the default model's linear shapes, 425 MB of fp32 weights, prefetching into
- * L2) 1 / 2 / 4 rows took 22.0 / 19.0 / 28.4 ms this way against 41.8 / 49.2 / 61.8; the bf16
- * tile above, split the same way, ran no faster (20.8 against 18.9 ms at 4 rows). */
+ * L2) 1 / 2 / 4 rows took 22.0 / 19.0 / 28.4 ms this way against 41.8 / 49.2 / 61.8; the bf16 tile
+ * above is split the same way. */
 static inline __attribute__((always_inline)) void pair_f32(
         const float *w, int64_t K, const float *const xr[4], float out[4][4], const int i0,
         const int NI, const int PL) {
