@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from scheduler import linear
 from scheduler.estimators import Estimators, op_features
@@ -87,3 +90,27 @@ def test_a_window_of_one_shape_keeps_the_profiled_slopes() -> None:
         1.1 * _time(decode, TRUE_LAYERS, rng, 0), rel=0.01)
     assert _error(est, tuple(1.1 * c for c in TRUE_LAYERS)) < 0.03
     assert op_features(decode)  # (a real shape)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(min_value=-1e6, max_value=1e6), min_size=1, max_size=80))
+def test_the_refits_median_is_numpys(xs: list[float]) -> None:
+    x = np.array(xs)
+    assert linear._median(x) == float(np.median(x))
+    assert x.tolist() == xs  # NOTE: partitioned in a copy, not in place
+
+
+def test_solve_drops_negative_features_and_matches_a_direct_solve() -> None:
+    rng = np.random.default_rng(0)
+    a = rng.uniform(0.1, 1.0, size=(64, 4))
+    w, weight, prior = rng.uniform(0.5, 1.0, 64), 1e-3 * np.eye(4), np.zeros(4)
+    direct = np.linalg.solve(a.T @ (a * w[:, None]) + weight, a.T @ w)
+    assert (direct >= 0).all()
+    assert linear._solve(a, w, weight, prior) == pytest.approx(direct, rel=1e-12)
+    a[:, 2] = -a[:, 2]  # a feature that only lowers the time: its coefficient would be < 0
+    theta = linear._solve(a, w, weight, prior)
+    assert theta[2] == 0.0 and (theta >= 0).all()
+    rest = [0, 1, 3]
+    sub = a[:, rest]
+    kept = np.linalg.solve(sub.T @ (sub * w[:, None]) + weight[np.ix_(rest, rest)], sub.T @ w)
+    assert theta[rest] == pytest.approx(kept, rel=1e-12)
