@@ -105,3 +105,27 @@ async def test_a_dead_round_task_is_unhealthy_and_refuses_new_requests() -> None
         assert not stats.healthy and "scheduler task ended" in (stats.health_detail or "")
         with pytest.raises(Overloaded):
             run.submit("late", Priority.HIGH, 10)
+
+
+async def test_a_round_without_requests_decides_nothing_and_records_no_round_time() -> None:
+    async with ClusterRun("slice") as run:
+        out = run.submit("a", Priority.HIGH, 20)
+        await run.run_out()
+        assert out.finish is FinishReason.LENGTH
+        before = run.sched.stats().round_seconds.count
+        assert before > 0
+        views: list[RoundView] = []
+        real = run.sched.policy.schedule
+
+        def schedule(view: RoundView) -> RoundDecision:
+            views.append(view)
+            return real(view)
+        run.sched.policy.schedule = schedule  # type: ignore[method-assign]
+        run.sched._wake.set()
+        await run.settle()
+        assert not views and run.sched.stats().round_seconds.count == before
+        assert run.sched.stats().healthy
+        again = run.submit("b", Priority.HIGH, 20)
+        await run.run_out()
+        assert again.finish is FinishReason.LENGTH and views
+        assert run.sched.stats().round_seconds.count > before
