@@ -25,6 +25,7 @@ tried again at the next request.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -82,10 +83,23 @@ class PairProfiler:
         self._queue([kind])
 
     def _queue(self, jobs: Sequence[tuple[str, str] | str]) -> None:
+        if self._abort.is_set():
+            return  # NOTE: stopped: the executors it would time on are gone
         self._todo.extend(j for j in jobs if j not in self._todo)
         if self._todo and (self._task is None or self._task.done()):
             self._task = asyncio.create_task(self._run(), name="slicegate-reprofiler")
             self._task.add_done_callback(self._log_failure)
+
+    async def stop(self) -> None:
+        """Drop what is queued and end what runs (the server stops; call before the
+        executors stop): a sweep's thread ends at its next op instead of timing it on a
+        stopped executor, and a drift seen later queues nothing."""
+        self._abort.set()
+        self._todo.clear()
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
 
     async def _run(self) -> None:
         while self._todo:

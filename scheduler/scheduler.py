@@ -146,6 +146,8 @@ class Scheduler:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        if self.profiler is not None:
+            await self.profiler.stop()
         self.exec.stop()
 
     async def _loop(self) -> None:

@@ -108,6 +108,39 @@ async def test_a_drifted_kind_is_profiled_again_when_the_devices_are_idle(
     assert again.transfers.keys() == est.transfers.keys() and again.interference is not None
 
 
+
+async def test_a_stop_ends_a_waiting_re_profile_without_an_error(
+        tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    model = load(tiny_model_dir, dtype="float32")
+    est = load_or_profile(model, ["cpu:0"], tmp_path, SMALL)
+    cfg = SchedulerConfig(policy="slice", max_model_len=1024, max_batch_tokens=512)
+    sched = build_scheduler(model, parse_devices("cpu:0", 0.25), cfg, est)
+    profiler = sched.profiler
+    assert profiler is not None
+    waits: list[float] = []
+
+    def never_idle() -> bool:  # NOTE: a device kept busy: the sweep waits before its first op
+        waits.append(0.0)
+        return False
+    profiler.is_idle = never_idle
+    await sched.start()
+    try:
+        profiler.request_kind("cpu")
+        for _ in range(500):
+            if waits:
+                break
+            await asyncio.sleep(0.01)
+        assert waits and profiler.busy
+    finally:
+        await sched.stop()
+    assert not profiler.busy and profiler.failures == 0, caplog.text
+    assert "background profiling" not in caplog.text
+    seen = len(waits)
+    await asyncio.sleep(0.05)
+    assert len(waits) <= seen + 1  # its thread stopped polling
+    profiler.request_kind("cpu")  # a drift seen after the stop queues nothing
+    assert not profiler.busy
+
 def _threads_of_timed_ops(profiler: PairProfiler) -> list[str]:
     """The names of the threads each timed op of `profiler`'s sweeps runs on (filled live)."""
     names: list[str] = []
