@@ -13,7 +13,7 @@ from gateway.bodylimit import BodyLimitMiddleware
 from gateway.config import GatewayConfig
 from gateway.engine import Engine, build_engine
 from gateway.errors import install_error_handlers
-from gateway.lifecycle import DrainMiddleware, Lifecycle
+from gateway.lifecycle import DrainMiddleware, Lifecycle, startup_heap_frozen
 from gateway.metrics import GatewayMetrics
 from gateway.quotas import Quotas
 from gateway.routes import router
@@ -44,7 +44,8 @@ def create_app(config: GatewayConfig, engine: Engine | None = None) -> FastAPI:
         try:
             await batches.start(state)
             try:
-                yield
+                with startup_heap_frozen():
+                    yield
             finally:
                 state.lifecycle.begin_drain()
                 await batches.stop()

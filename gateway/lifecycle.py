@@ -8,7 +8,10 @@ stream counts until `data: [DONE]`) and refuses new ones while draining.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import time
+from collections.abc import Iterator
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -61,3 +64,21 @@ class DrainMiddleware:
             await self.app(scope, receive, send)
         finally:
             self.lifecycle.in_flight -= 1
+
+
+@contextlib.contextmanager
+def startup_heap_frozen() -> Iterator[None]:
+    """While the server serves, what start-up left alive (model, tokenizer, estimators,
+    profiles, the app) is out of the cyclic collector's reach (`gc.freeze`); unfrozen at
+    shutdown, so that a process serving again later can collect it.
+
+    NOTE: a collection of the oldest generation walks every object it tracks: ~377,000
+    once the default model's server started, 230 ms a collection on a 2-core AVX2 CPU
+    (a stall of every request in flight), 0.01 ms with them frozen. Requests' objects
+    are collected as before."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()

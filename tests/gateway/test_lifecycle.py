@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import re
 import signal
@@ -134,3 +135,15 @@ async def test_sigterm_drains_twenty_streams_and_exits_0(tiny_model_dir: Path) -
         if proc.stderr is not None:
             stderr.join(5)
             proc.stderr.close()
+
+
+async def test_the_startup_heap_is_frozen_while_serving_and_unfrozen_after(
+        make_engine: EngineFactory) -> None:
+    assert gc.get_freeze_count() == 0
+    async with running(make_config(), make_engine()) as h:
+        frozen = gc.get_freeze_count()
+        assert frozen > 10_000  # the app, the engine, the tokenizer, what the tests loaded
+        assert (await h.client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
+                ).status_code == 200
+        assert gc.get_freeze_count() <= frozen  # nothing new frozen: requests are collectable
+    assert gc.get_freeze_count() == 0
