@@ -108,7 +108,6 @@ async def test_a_drifted_kind_is_profiled_again_when_the_devices_are_idle(
     assert again.transfers.keys() == est.transfers.keys() and again.interference is not None
 
 
-
 async def test_a_stop_ends_a_waiting_re_profile_without_an_error(
         tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     model = load(tiny_model_dir, dtype="float32")
@@ -140,6 +139,7 @@ async def test_a_stop_ends_a_waiting_re_profile_without_an_error(
     assert len(waits) <= seen + 1  # its thread stopped polling
     profiler.request_kind("cpu")  # a drift seen after the stop queues nothing
     assert not profiler.busy
+
 
 def _threads_of_timed_ops(profiler: PairProfiler) -> list[str]:
     """The names of the threads each timed op of `profiler`'s sweeps runs on (filled live)."""
