@@ -21,6 +21,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -67,23 +68,39 @@ def cflags() -> list[str]:
     return [*CFLAGS, f"-march={march}", *wide]
 
 
-def _digest(cc: str) -> str:
+def _digest(cc: str, sources: Sequence[Path], flags: Sequence[str]) -> str:
     h = hashlib.sha256()
-    for name in [*SOURCES, "common.h", "kernels.h"]:
-        h.update((_CSRC / name).read_bytes())
+    for path in sources:
+        h.update(path.read_bytes())
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30,
                              check=True)
-    h.update(version.stdout.encode() + " ".join(cflags()).encode() + cpu_caps().line().encode())
+    h.update(version.stdout.encode() + " ".join(flags).encode() + cpu_caps().line().encode())
     return h.hexdigest()[:16]
 
 
-def _build(cc: str, target: Path) -> None:
+def _build(cc: str, sources: Sequence[Path], flags: Sequence[str], target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         out = Path(tmp) / target.name
-        cmd = [cc, *cflags(), *(str(_CSRC / s) for s in SOURCES), "-lm", "-o", str(out)]
+        cmd = [cc, *flags, *(str(s) for s in sources if s.suffix == ".c"), "-lm", "-o", str(out)]
         subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=300)
         out.replace(target)  # NOTE: atomic, so a concurrent loader sees all or nothing
+
+
+def compiled(name: str, sources: Sequence[Path], flags: Sequence[str]) -> tuple[Path, str, bool]:
+    """A shared library of the C files among `sources` (headers: listed for the cache key),
+    built with `flags` for this machine and cached under `cache_root()/native`, keyed by
+    the sources, compiler, flags and CPU: (its path, that key, whether it was built now).
+    Raises OSError or SubprocessError where no C compiler works."""
+    cc = _compiler()
+    if cc is None:
+        raise OSError("no C compiler (cc, gcc or $CC)")
+    digest = _digest(cc, sources, flags)
+    path = cache_root() / "native" / f"{name}-{digest}.so"
+    built = not path.is_file()
+    if built:
+        _build(cc, sources, flags, path)
+    return path, digest, built
 
 
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -99,23 +116,15 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
 
 @functools.cache
 def _load() -> tuple[ctypes.CDLL | None, str, str]:
-    cc = _compiler()
-    if cc is None:
-        why = "off: no C compiler (cc, gcc or $CC)"
-        logger.warning("native CPU kernels are %s", why)
-        return None, why, ""
+    sources = [_CSRC / name for name in (*SOURCES, "common.h", "kernels.h")]
     try:
-        digest = _digest(cc)
-        path = cache_root() / "native" / f"kernels-{digest}.so"
-        built = not path.is_file()
-        if built:
-            _build(cc, path)
+        path, digest, built = compiled("kernels", sources, cflags())
         lib = _bind(ctypes.CDLL(str(path)))
     except (OSError, subprocess.SubprocessError, AttributeError) as e:
         detail = getattr(e, "stderr", "") or ""
         logger.warning("native CPU kernels are off: %s %s", e, detail[-2000:])
         return None, f"off: {e}"[:300], ""
-    note = f"{'built' if built else 'cached'} with {cc} {' '.join(cflags())}: {path}"
+    note = f"{'built' if built else 'cached'} with {_compiler()} {' '.join(cflags())}: {path}"
     return lib, note, digest
 
 
