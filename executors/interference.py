@@ -47,6 +47,9 @@ class Interference:
         self._index: dict[str, int] = {}
         self._neutral = all(e == 0.0 for row in self.excess for e in row)
         self._tables: dict[int, dict[int, list[float]]] = {}  # base -> code -> `factors`
+        # NOTE: what its users derive from the model once (the simulator: its view of the
+        # hosts of a list of devices), kept as long as the model: rounds share it
+        self.memo: dict[Any, Any] = {}
 
     def class_index(self, name: str) -> int:
         """Index of `name`'s class in `classes`, -1 for an op that does not interfere."""

@@ -29,22 +29,23 @@ def _run_fake(ops: list[OpInstance], n: int, inter: Interference | None = None
     return {op.op_id: (op.start, op.end) for op in ops}  # type: ignore[misc]
 
 
-def _predict(ops: list[OpInstance], n: int, inter: Interference | None = None
-             ) -> dict[int, tuple[float, float]]:
+def _predict(ops: list[OpInstance], n: int, inter: Interference | None = None,
+             native: bool = True) -> dict[int, tuple[float, float]]:
     gmg = empty_gmg(devices(n))
     gmg.interference = inter
     gmg.add(ops, {})
     for op in ops:
         op.issued_at = 0.0
         gmg.mark_issued(op)
-    pred = simulate(gmg.snapshot(0.0))
+    pred = simulate(gmg.snapshot(0.0), native=native)
     return {i: (pred.start[i], pred.finish[i]) for i in pred.start}
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["C loop", "Python loop"])
 @pytest.mark.parametrize("seed", range(8))
-def test_simulator_agrees_exactly_with_fake_executors(seed: int) -> None:
+def test_simulator_agrees_exactly_with_fake_executors(seed: int, native: bool) -> None:
     want = _run_fake(random_graph(seed), 3)
-    got = _predict(random_graph(seed), 3)
+    got = _predict(random_graph(seed), 3, native=native)
     assert got == want
 
 
@@ -57,10 +58,12 @@ def _classed(ops: list[OpInstance], seed: int) -> list[OpInstance]:
     return ops
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["C loop", "Python loop"])
 @pytest.mark.parametrize("seed", range(8))
-def test_simulator_agrees_exactly_with_fake_executors_under_interference(seed: int) -> None:
+def test_simulator_agrees_exactly_with_fake_executors_under_interference(seed: int,
+                                                                          native: bool) -> None:
     want = _run_fake(_classed(random_graph(seed), seed), 3, SHARED)
-    got = _predict(_classed(random_graph(seed), seed), 3, SHARED)
+    got = _predict(_classed(random_graph(seed), seed), 3, SHARED, native)
     assert got == want
     solo = _predict(_classed(random_graph(seed), seed), 3)
     assert sum(f - s for s, f in got.values()) > sum(f - s for s, f in solo.values())

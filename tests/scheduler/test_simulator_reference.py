@@ -3,14 +3,16 @@
 `tests.scheduler.simref.reference` keeps ops as records, scans ready lists with
 `pick_next` and re-times every running op of a shared host after every event; the
 simulator keeps flat lists, dispatch-key heaps and slowdowns cached per set of running
-classes. Random snapshots (running ops, ops waiting on finished ones, several hosts,
-ties in time, candidates extending a cached graph) must give equal predictions.
+classes, in Python or in C (`scheduler.simloop`). Random snapshots (running ops, ops
+waiting on finished ones, several hosts, ties in time, candidates extending a cached
+graph) must give equal predictions, through either loop.
 """
 
 from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -86,33 +88,40 @@ def _case(seed: int) -> tuple[Snapshot, list[Candidate]]:
     return snap, cands
 
 
+LOOPS = pytest.mark.parametrize("native", [True, False], ids=["C loop", "Python loop"])
+
+
+@LOOPS
 @settings(max_examples=300, deadline=None)
 @given(st.integers(0, 2**32 - 1))
-def test_simulate_equals_the_reference_on_random_snapshots(seed: int) -> None:
+def test_simulate_equals_the_reference_on_random_snapshots(native: bool, seed: int) -> None:
     snap, cands = _case(seed)
-    assert simulate(snap) == reference(snap)
+    assert simulate(snap, native=native) == reference(snap)
     for cand in cands:  # NOTE: each extends the snapshot's graph, cached by the first call
-        assert simulate(snap, cand) == reference(snap, cand)
-    assert simulate(snap) == reference(snap)
+        assert simulate(snap, cand, native=native) == reference(snap, cand)
+    assert simulate(snap, native=native) == reference(snap)
 
 
-def test_simulate_equals_the_reference_on_the_bench_snapshots() -> None:
+@LOOPS
+def test_simulate_equals_the_reference_on_the_bench_snapshots(native: bool) -> None:
     for n, shared in ((2, True), (3, True), (2, False)):
         snap = synthetic_gmg(n, 600, seed=n, shared=shared).snapshot(0.0)
-        assert simulate(snap) == reference(snap)
+        assert simulate(snap, native=native) == reference(snap)
 
 
-def test_the_end_is_the_last_completion_on_a_shared_host() -> None:
+@LOOPS
+def test_the_end_is_the_last_completion_on_a_shared_host(native: bool) -> None:
     # cpu:0's op speeds up once cpu:1's ends: its first (stale) timing is later than its end
     inter = Interference({"cpu:0": "h", "cpu:1": "h"}, {("layers", "layers"): 1.5})
     a = SimOp(0, "layers[0:5]", "cpu:0", Priority.LOW, (), 1.0, 0.0, None, 0)
     b = SimOp(1, "layers[0:5]", "cpu:1", Priority.LOW, (), 0.5, 0.0, None, 0)
-    pred = simulate(Snapshot(0.0, (a, b), (), (), inter))
+    pred = simulate(Snapshot(0.0, (a, b), (), (), inter), native=native)
     assert pred.finish[1] == 0.75
     assert pred.end == pred.finish[0] == 0.75 + 0.5
 
 
-def test_ops_timed_together_on_a_host_end_in_device_order_on_a_tie() -> None:
+@LOOPS
+def test_ops_timed_together_on_a_host_end_in_device_order_on_a_tie(native: bool) -> None:
     # a RECV running on cpu:1 and one starting on cpu:0 (no slowdown) end together; cpu:0's
     # is timed first, so its successor takes the idle cpu:2 first
     inter = Interference({"cpu:0": "h", "cpu:1": "h"}, {("layers", "layers"): 1.5})
@@ -121,6 +130,6 @@ def test_ops_timed_together_on_a_host_end_in_device_order_on_a_tie() -> None:
     c = SimOp(2, "embed", "cpu:2", Priority.LOW, (0,), 0.25, 0.0, None, 0)
     d = SimOp(3, "embed", "cpu:2", Priority.LOW, (1,), 0.25, 0.0, None, 0)
     snap = Snapshot(0.0, (a, b, c, d), (), (), inter)
-    pred = simulate(snap)
+    pred = simulate(snap, native=native)
     assert pred == reference(snap)
     assert pred.start[3] == 0.5 and pred.start[2] == 0.75
