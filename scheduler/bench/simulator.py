@@ -4,8 +4,9 @@ Speed is measured on synthetic snapshots twice: with no interference model, and 
 every device on one host and each op class slowed by each other class by its own factor
 (`SYNTHETIC_SLOWDOWN`: the fluid co-location path a live `cpu:0` + `cpu:1` deployment
 takes once profiling measured slowdowns; factors that differ by class make ops re-time
-as the classes running beside them change). The round replay and the accuracy run use
-the profiled model.
+as the classes running beside them change), each through the C loop the scheduler runs
+(`scheduler.simloop`) and through the Python loops beside it. The round replay and the
+accuracy run use the profiled model.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from executors.types import Device, OpInstance, OpRole, Priority
 from models.batch import BatchShape
 from models.loader import Model, load
 from models.sampling_params import SamplingParams
+from scheduler import simloop
 from scheduler.bench.machine import capability_line, load_average, machine_line
 from scheduler.bench.policies import Workload, run_policy
 from scheduler.config import SchedulerConfig
@@ -76,9 +78,10 @@ def synthetic_gmg(num_devices: int, num_ops: int, seed: int = 0,
     return gmg
 
 
-def speed(devices: list[int], num_ops: int, repeats: int,
-          shared: bool = False) -> dict[str, float]:
-    """Simulated ops per millisecond (median of `repeats`) per device count.
+def speed(devices: list[int], num_ops: int, repeats: int, shared: bool = False,
+          native: bool = True) -> dict[str, float]:
+    """Simulated ops per millisecond (median of `repeats`) per device count; `native`
+    False: the Python loops (`simulate(native=False)`), not the C loop.
 
     NOTE: each repeat simulates a fresh snapshot, so the time includes building its graph
     (a round builds it once and shares it among its candidates)."""
@@ -89,7 +92,7 @@ def speed(devices: list[int], num_ops: int, repeats: int,
         for _ in range(repeats):
             snap = gmg.snapshot(0.0)
             t0 = time.perf_counter()
-            simulate(snap)
+            simulate(snap, native=native)
             times.append(time.perf_counter() - t0)
         out[str(n)] = len(snap.ops) / (statistics.median(times) * 1e3)
     return out
@@ -268,7 +271,10 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     if "speed" in parts:
         ops = speed([2, 8, 64], a.ops, a.repeats)
         shared = speed([2, 8, 64], a.ops, a.repeats, shared=True)
-        result.update(ops_per_ms=ops, ops_per_ms_shared=shared)
+        result.update(ops_per_ms=ops, ops_per_ms_shared=shared, simulator_loop=simloop.note(),
+                      ops_per_ms_python=speed([2, 8, 64], a.ops, a.repeats, native=False),
+                      ops_per_ms_shared_python=speed([2, 8, 64], a.ops, a.repeats,
+                                                     shared=True, native=False))
     if "accuracy" in parts:
         acc = accuracy(a.model, devices, a.repeats, ab=a.colocation_ab)
         result.update(e2e_error=acc["e2e_error"], accuracy=acc)
@@ -286,10 +292,13 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
 def _report(result: dict, num_ops: int, repeats: int) -> None:
     if "ops_per_ms" in result:
         ops, shared = result["ops_per_ms"], result["ops_per_ms_shared"]
-        print("| devices | ops in snapshot | simulated ops/ms | with interference (one host) |\n"
-              "|---:|---:|---:|---:|")
+        py, py_shared = result["ops_per_ms_python"], result["ops_per_ms_shared_python"]
+        print(f"simulator loop: {result['simulator_loop']}\n"
+              "| devices | ops in snapshot | simulated ops/ms | with interference (one host) "
+              "| Python loop | Python loop, one host |\n|---:|---:|---:|---:|---:|---:|")
         for n, v in ops.items():
-            print(f"| {n} | {num_ops} | {v:.0f} | {shared[n]:.0f} |")
+            print(f"| {n} | {num_ops} | {v:.0f} | {shared[n]:.0f} | {py[n]:.0f} "
+                  f"| {py_shared[n]:.0f} |")
     if "rounds" in result:
         rnd = result["rounds"]
         print(f"\nround decision (replayed {repeats}x, quiet; medians): p50 "

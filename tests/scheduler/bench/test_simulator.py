@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pytest
 
+from scheduler import simloop
 from scheduler.bench.simulator import (
     _replay,
     _report,
@@ -34,6 +35,8 @@ def test_parts_run_alone_and_write_their_json(tmp_path: Path,
     out = tmp_path / "sim.json"
     result = main(["--parts", "speed", "--ops", "200", "--repeats", "1", "--json", str(out)])
     assert set(result["ops_per_ms"]) == set(result["ops_per_ms_shared"]) == {"2", "8", "64"}
+    assert set(result["ops_per_ms_python"]) == set(result["ops_per_ms_shared_python"]) == {
+        "2", "8", "64"}
     assert "rounds" not in result and "accuracy" not in result
     assert json.loads(out.read_text())["ops_per_ms"] == result["ops_per_ms"]
     assert "simulated ops/ms" in capsys.readouterr().out
@@ -48,7 +51,8 @@ def test_replay_times_every_round_that_simulated() -> None:
     snap = synthetic_gmg(2, 80, shared=True).snapshot(0.0)
     recorder = Recorder(calls=[(0, snap, None), (0, snap, None), (3, snap, None)])
     assert set(_replay(recorder)) == {0, 3}
-    assert "graph" in snap.cache  # built again on its first simulation, then shared
+    # built again on its first simulation, then shared (the C loop's graph where it runs)
+    assert ("native" if simloop.library() is not None else "graph") in snap.cache
 
 
 def test_the_accuracy_report_shows_every_repeat(capsys: pytest.CaptureFixture[str]) -> None:
