@@ -17,7 +17,7 @@ import functools
 import logging
 import subprocess
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, chain, compress, repeat
 from operator import is_not
@@ -153,6 +153,36 @@ class Sharing:
     host: array
     base: int
     excess: array
+
+
+class OpTimes(Mapping[int, float]):
+    """Op id -> time from the loop's column (NaN: none), made a dict when first read: a
+    prediction is read for a few ops, or for none."""
+
+    __slots__ = ("_ids", "_times", "_complete", "_map")
+
+    def __init__(self, ids: list[int], times: array, complete: bool) -> None:
+        self._ids, self._times, self._complete = ids, times, complete
+        self._map: dict[int, float] | None = None
+
+    def _dict(self) -> dict[int, float]:
+        if self._map is None:
+            t = self._times.tolist()
+            self._map = (dict(zip(self._ids, t, strict=True)) if self._complete else
+                         {i: x for i, x in zip(self._ids, t, strict=True) if x == x})
+        return self._map
+
+    def __getitem__(self, op_id: int) -> float:
+        return self._dict()[op_id]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._dict())
+
+    def __len__(self) -> int:
+        return len(self._dict())
+
+    def __repr__(self) -> str:
+        return repr(self._dict())
 
 
 @dataclass(slots=True)

@@ -24,7 +24,7 @@ predictions to the last bit, the Python loops' time cut by more than half in a r
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from heapq import heappop, heappush, heappushpop
@@ -45,8 +45,8 @@ class Candidate:
 
 @dataclass(slots=True)
 class Prediction:
-    start: dict[int, float]
-    finish: dict[int, float]
+    start: Mapping[int, float]  # op id -> predicted start
+    finish: Mapping[int, float]
     first_token: dict[str, float]  # request id -> predicted time of its first token
     peak_bytes: dict[str, int]  # device -> predicted peak reserved bytes
     oom: bool
@@ -255,20 +255,15 @@ def _simulate_native(snapshot: Snapshot, cand: Candidate) -> Prediction:
     kv, reserved = cand.kv_bytes, ctx.reserved
     mem = [reserved[d] + kv.get(d, 0) if d in reserved else 0 for d in g.devices]
     out = simloop.run(g, snapshot.now, mem, sharing)
-    start, finish, ids = out.start.tolist(), out.finish.tolist(), g.ids
-    if out.finished == len(ids):  # every op started and finished
-        by_start = dict(zip(ids, start, strict=True))
-        by_finish = dict(zip(ids, finish, strict=True))
-    else:  # NOTE: NaN (no time) is the one value unequal to itself
-        by_start = {ids[i]: x for i, x in enumerate(start) if x == x}
-        by_finish = {ids[i]: x for i, x in enumerate(finish) if x == x}
+    every = out.finished == len(g.ids)  # every op started and finished
     first_token: dict[str, float] = {}
-    rank = out.rank
+    rank, finish = out.rank, out.finish
     for i in sorted((i for i in g.firsts if rank[i] >= 0), key=rank.__getitem__):
         for rid in g.firsts[i]:  # NOTE: in order of completion, as the Python loops set them
             first_token[rid] = finish[i]
     peak = dict(zip(g.devices, out.peak, strict=True))
-    return Prediction(by_start, by_finish, first_token, peak,
+    return Prediction(simloop.OpTimes(g.ids, out.start, every),
+                      simloop.OpTimes(g.ids, finish, every), first_token, peak,
                       any(peak.get(d, 0) > c for d, c in ctx.capacity.items()), out.end)
 
 

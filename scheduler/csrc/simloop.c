@@ -146,12 +146,24 @@ typedef struct {
     double *rem, *last, *slow;
     int64_t *live, *digit, *code, *timed;
     int32_t *fresh, n_fresh, *changed, n_changed, *todo;
-    double *fac;
+    double *fac;                /* the slowdowns of the code `factors` was last given */
+    double *table;              /* per code, its slowdowns (where the codes are few), */
+    uint8_t *known;             /* and whether they were computed yet */
+    int64_t fac_code, n_codes;  /* the code `fac` holds (-1: none yet); codes in `table` */
 } sim_t;
 
 /* `Interference.factor` for every class on a host whose running classes are `code`
- * (then 1.0 at index n_cls, for ops of no class), into s->fac. */
+ * (then 1.0 at index n_cls, for ops of no class), at s->fac; kept per code in `table`
+ * where the codes are few (as `Interference.factors` keeps them), else while the code
+ * stays the same (a chain going on meets the same code at each of its ops). */
 static void factors(sim_t *s, int64_t code) {
+    if (code == s->fac_code) return;
+    s->fac_code = code;
+    if (code < s->n_codes) {
+        s->fac = s->table + code * (s->n_cls + 1);
+        if (s->known[code]) return;
+        s->known[code] = 1;
+    }
     int64_t counts[64];
     int64_t p = 1;
     for (int32_t c = 0; c < s->n_cls; c++) {
@@ -470,8 +482,11 @@ static int64_t sim_run(int32_t n, int32_t n_dev, double now, int32_t solo, const
     sim_t s = {.n = n, .n_dev = n_dev, .n_hosts = solo ? 0 : n_hosts, .n_cls = n_cls,
                .dev = dev, .host = host, .cls = cls, .keys = {pr, issued, oid}, .dur = dur,
                .excess = excess, .mem_of = mem_of, .base = base, .mem = mem, .peak = peak,
-               .start = start, .finish = finish, .rank = rank};
+               .start = start, .finish = finish, .rank = rank, .fac_code = -1};
     size_t un = (size_t)n, ud = (size_t)n_dev, uh = (size_t)s.n_hosts;
+    s.n_codes = 1; /* base ** n_cls where that is few (81 codes: 2 devices, 4 classes) */
+    for (int32_t c = 0; c < n_cls && !solo && s.n_codes <= 1024; c++) s.n_codes *= base;
+    if (solo || s.n_codes > 1024) s.n_codes = 0;
     size_t un_deps = (size_t)dep_ptr[n], slots = 2;
     while (slots < 2 * un) slots *= 2;
     int32_t *heaps = NULL, *fill = NULL, *alone = NULL, *dep_pos = NULL;
@@ -505,6 +520,8 @@ static int64_t sim_run(int32_t n, int32_t n_dev, double now, int32_t solo, const
         s.changed = carve(&a, uh, sizeof(int32_t));
         s.todo = carve(&a, un + ud, sizeof(int32_t));
         s.fac = carve(&a, (size_t)n_cls + 1, sizeof(double));
+        s.table = carve(&a, (size_t)s.n_codes * ((size_t)n_cls + 1), sizeof(double));
+        s.known = carve(&a, (size_t)s.n_codes, sizeof(uint8_t));
     }
     if (solo) {
         for (int32_t d = 0; d < n_dev; d++) alone[d] = -1;

@@ -104,3 +104,16 @@ def test_without_a_compiler_the_python_loops_run(tmp_path: Path) -> None:
     assert "the simulator's C loop is off" in done.stderr
     assert end == simulate(_snapshot(), native=False).end
     assert not list(tmp_path.glob("native/simloop-*.so"))
+
+
+@needs_loop
+def test_ops_that_never_become_ready_get_no_times() -> None:
+    # ops 5 and 6 wait on each other: neither loop gives them a time; op 7 runs
+    ops = (SimOp(5, "embed", "cpu:0", Priority.LOW, (6,), 0.5, 0.0, None, 0, ("r5",)),
+           SimOp(6, "head", "cpu:0", Priority.LOW, (5,), 0.5, 0.0, None, 0),
+           SimOp(7, "head", "cpu:1", Priority.LOW, (), 0.5, 0.0, None, 0))
+    snap = Snapshot(0.0, ops, (), (), INTER)
+    pred = simulate(snap)
+    assert pred == simulate(snap, native=False) == reference(snap)
+    assert dict(pred.finish) == {7: 0.5} and pred.start.get(5) is None
+    assert pred.first_token == {} and pred.end == 0.5
