@@ -18,7 +18,7 @@ import logging
 import subprocess
 from array import array
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import accumulate, chain, compress, repeat
 from operator import is_not
 from pathlib import Path
@@ -107,31 +107,37 @@ def build(names: list[str], ops: list[SimOp], issued: Sequence[float]) -> Graph:
                  array("d", [starts[i] for i in running]), dict(compress(enumerate(fto), fto)))
 
 
-def extend(base: Graph, new: tuple[SimOp, ...], now: float) -> Graph:
+def extend(base: Graph, new: tuple[SimOp, ...], now: float,
+           inter: Interference | None = None) -> Graph:
     """`base` with a candidate's ops `new`, issued at `now`; built afresh where they run on
     a device `base` lacks. Where they reuse an op id of `base`, every op looks for its deps
-    among all (as the Python loops' graph, built afresh then)."""
+    among all (as the Python loops' graph, built afresh then). `inter`: the class indices
+    too, where `base` has its own (`classes`)."""
     n0, m = len(base.ops), len(new)
-    ids, _, on, prio, deps, est, _, starts, mem_of, fto, _ = zip(*new, strict=True)
+    ids, names, on, prio, deps, est, _, starts, mem_of, fto, _ = zip(*new, strict=True)
     if not base.where.keys() >= set(on):
         return build(base.names, [*base.ops, *new], [*base.issued, *repeat(now, m)])
     assert base.id_set is not None, "a candidate extends a snapshot's own graph"
     scope = n0 if base.id_set.isdisjoint(ids) else n0 + m
-    running = [n0 + i for i, x in enumerate(starts) if x is not None]
+    running, run_start = base.running, base.run_start
+    if starts.count(None) != m:  # NOTE: a candidate's ops are new: none runs yet, as a rule
+        mine = [i for i, x in enumerate(starts) if x is not None]
+        running = running + array("i", [n0 + i for i in mine])
+        run_start = run_start + array("d", [starts[i] for i in mine])
     dep_ptr = array("i", list(accumulate(map(len, deps), initial=base.dep_ptr[-1])))[1:]
     firsts = base.firsts
     if any(fto):
         firsts = {**firsts, **dict(compress(enumerate(fto, n0), fto))}
-    return Graph([*base.ops, *new], base.ids + list(ids), None, base.names,
-                 base.devices, base.where,
-                 base.dev + array("i", [base.where[d] for d in on]),
-                 base.pr + array("i", prio), base.issued + array("d", repeat(now, m)),
-                 base.oid + array("q", ids), base.dur + array("d", est),
-                 base.mem_of + array("q", mem_of),
-                 base.dep_ptr + dep_ptr,
-                 base.dep_ids + array("q", list(chain.from_iterable(deps))), scope,
-                 base.running + array("i", running),
-                 base.run_start + array("d", [starts[i - n0] for i in running]), firsts)
+    g = Graph([*base.ops, *new], base.ids + list(ids), None, base.names, base.devices,
+              base.where, base.dev + array("i", [base.where[d] for d in on]),
+              base.pr + array("i", prio), base.issued + array("d", [now]) * m,
+              base.oid + array("q", ids), base.dur + array("d", est),
+              base.mem_of + array("q", mem_of), base.dep_ptr + dep_ptr,
+              base.dep_ids + array("q", list(chain.from_iterable(deps))), scope, running,
+              run_start, firsts)
+    if inter is not None and base.cls is not None:
+        g.cls = base.cls + array("i", inter.class_indices(names))
+    return g
 
 
 def classes(g: Graph, base: Graph, inter: Interference) -> array:
@@ -153,6 +159,13 @@ class Sharing:
     host: array
     base: int
     excess: array
+    num_hosts: int = field(init=False)
+    num_classes: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "num_hosts", max(self.host, default=-1) + 1)
+        object.__setattr__(self, "num_classes", round(len(self.excess) ** 0.5))
+        assert self.num_classes ** 2 == len(self.excess)
 
 
 class OpTimes(Mapping[int, float]):
@@ -208,11 +221,11 @@ def run(g: Graph, now: float, mem: Sequence[int], sharing: Sharing | None) -> Ou
     lib = library()
     assert lib is not None, "the simulator's C loop is not available on this machine"
     n, n_dev = len(g.ids), len(g.devices)
-    if sharing is None:
-        host, cls, base, excess = array("i", repeat(-1, n_dev)), _NO_CLASSES, 1, _NO_EXCESS
-    else:
+    host, cls, base, excess, num_hosts, num_classes = _NO_CLASSES, _NO_CLASSES, 1, _NO_EXCESS, 0, 0
+    if sharing is not None:  # NOTE: else the loop keeps every device alone itself
         assert g.cls is not None
         host, cls, base, excess = sharing.host, g.cls, sharing.base, sharing.excess
+        num_hosts, num_classes = sharing.num_hosts, sharing.num_classes
     now_mem, peak = array("q", mem), array("q", mem)
     start, finish = array("d", bytes(8 * n)), array("d", bytes(8 * n))  # filled by the loop
     rank = array("i", bytes(4 * n))
@@ -222,8 +235,8 @@ def run(g: Graph, now: float, mem: Sequence[int], sharing: Sharing | None) -> Ou
         g.dep_ids.buffer_info()[0], g.scope, g.pr.buffer_info()[0], g.issued.buffer_info()[0],
         g.oid.buffer_info()[0], g.dur.buffer_info()[0], g.mem_of.buffer_info()[0],
         len(g.running), g.running.buffer_info()[0], g.run_start.buffer_info()[0],
-        host.buffer_info()[0], max(host, default=-1) + 1, cls.buffer_info()[0], base,
-        round(len(excess) ** 0.5), excess.buffer_info()[0], now_mem.buffer_info()[0],
+        host.buffer_info()[0], num_hosts, cls.buffer_info()[0], base, num_classes,
+        excess.buffer_info()[0], now_mem.buffer_info()[0],
         peak.buffer_info()[0], start.buffer_info()[0], finish.buffer_info()[0],
         rank.buffer_info()[0]))
     done = lib.sim_run_packed(args.buffer_info()[0], len(args), now, ctypes.byref(end))

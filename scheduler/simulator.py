@@ -234,8 +234,10 @@ class _Native:
         names = [d.name for d in snapshot.devices]
         g = simloop.build(names, list(snapshot.ops), [o.issued_at for o in snapshot.ops])
         inter = snapshot.interference
-        return _Native(g, _sharing(inter, g.devices) if inter is not None else None,
-                       {d.name: d.reserved_bytes for d in snapshot.devices},
+        hosts = _sharing(inter, g.devices) if inter is not None else None
+        if inter is not None and hosts is not None:
+            simloop.classes(g, g, inter)  # NOTE: each candidate's graph extends them
+        return _Native(g, hosts, {d.name: d.reserved_bytes for d in snapshot.devices},
                        {d.name: d.capacity_bytes for d in snapshot.devices})
 
 
@@ -246,7 +248,7 @@ def _simulate_native(snapshot: Snapshot, cand: Candidate) -> Prediction:
     if ctx is None:
         ctx = snapshot.cache["native"] = _Native.of(snapshot)
     base, inter, sharing = ctx.graph, snapshot.interference, None
-    g = simloop.extend(base, cand.ops, snapshot.now) if cand.ops else base
+    g = simloop.extend(base, cand.ops, snapshot.now, inter) if cand.ops else base
     hosts = ctx.hosts if g.devices is base.devices or inter is None else _sharing(
         inter, g.devices)
     if inter is not None and hosts is not None:
