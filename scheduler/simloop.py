@@ -166,6 +166,8 @@ class Sharing:
         object.__setattr__(self, "num_hosts", max(self.host, default=-1) + 1)
         object.__setattr__(self, "num_classes", round(len(self.excess) ** 0.5))
         assert self.num_classes ** 2 == len(self.excess)
+        # NOTE: a host's code of running classes is an int64 in the loop
+        assert self.base ** self.num_classes < 2**62, "too many devices on one host"
 
 
 class OpTimes(Mapping[int, float]):
