@@ -3,7 +3,9 @@ called via ctypes.
 
 `scheduler.simulator` runs it in place of its Python loops wherever it could be built:
 the same steps on the same columns, so the two predict the same times to the last bit
-(`tests/scheduler/test_simloop.py` holds them to the reference on random snapshots). The
+(`tests/scheduler/test_simulator_reference.py` holds both to the reference on random
+snapshots, `test_simulator.py` to the fake executors, `test_simloop.py` on the graphs
+this module builds its own way). The
 library is built by `models.native.compiled` with `-ffp-contract=off`, so no multiply-add
 is fused, and without `-march=native`: a scalar loop gains nothing from wider vectors.
 Where no C compiler works, `library()` is None, `note()` says why (logged once) and the
@@ -91,7 +93,11 @@ class Graph:
 
 
 def build(names: list[str], ops: list[SimOp], issued: Sequence[float]) -> Graph:
-    """The graph of `ops` on a snapshot's devices `names`; `issued`: each op's key time."""
+    """The graph of `ops` on a snapshot's devices `names`; `issued`: each op's key time.
+
+    NOTE: the key columns are `executors.dispatch.dispatch_key`'s (priority, issued at, op
+    id), inlined as `scheduler.simulator._build` inlines it (a SimOp's issued_at is never
+    None); the loop compares them in that order, then by position."""
     n = len(ops)
     ids, _, on, prio, deps, est, _, starts, mem_of, fto, _ = (
         zip(*ops, strict=True) if ops else ((),) * 11)
@@ -242,6 +248,7 @@ def run(g: Graph, now: float, mem: Sequence[int], sharing: Sharing | None) -> Ou
         peak.buffer_info()[0], start.buffer_info()[0], finish.buffer_info()[0],
         rank.buffer_info()[0]))
     done = lib.sim_run_packed(args.buffer_info()[0], len(args), now, ctypes.byref(end))
-    if done < 0:
-        raise MemoryError(f"the simulator's C loop failed with code {done}")
+    if done < 0:  # -1: out of memory; -2: too many op classes; -3: arguments miscounted
+        fail = MemoryError if done == -1 else RuntimeError
+        raise fail(f"the simulator's C loop failed with code {done}")
     return Outcome(start, finish, rank, done, peak.tolist(), end.value)

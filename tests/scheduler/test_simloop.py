@@ -4,11 +4,13 @@ run) where no compiler works."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
 import subprocess
 import sys
+from array import array
 from pathlib import Path
 
 import pytest
@@ -117,3 +119,11 @@ def test_ops_that_never_become_ready_get_no_times() -> None:
     assert pred == simulate(snap, native=False) == reference(snap)
     assert dict(pred.finish) == {7: 0.5} and pred.start.get(5) is None
     assert pred.first_token == {} and pred.end == 0.5
+
+
+@needs_loop
+def test_a_miscounted_argument_array_is_refused() -> None:
+    lib = simloop.library()
+    assert lib is not None
+    args, end = array("q", [0] * 5), ctypes.c_double(0.0)
+    assert lib.sim_run_packed(args.buffer_info()[0], len(args), 0.0, ctypes.byref(end)) == -3
