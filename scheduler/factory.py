@@ -9,6 +9,7 @@ import torch
 from executors.interference import Interference
 from executors.types import Device
 from models.loader import Model
+from scheduler import simloop
 from scheduler.config import SchedulerConfig
 from scheduler.estimators import FALLBACK_BANDWIDTH_BYTES_S, FALLBACK_MARGIN, Estimators
 from scheduler.execution import ExecutorFactory
@@ -70,6 +71,8 @@ def build_scheduler(model: Model, devices: list[Device], cfg: SchedulerConfig,
     """Profile (or load cached) estimators on `threads` intra-op threads (the CPU executors'),
     then make the scheduler; refits stay online."""
     est = estimators or load_or_profile(model, profiled_as(devices), threads=threads)
+    simloop.library()  # NOTE: the simulator's C loop built now (~0.4 s on a fresh cache),
+    # not in the first round that simulates
     bandwidth = est.copy_bandwidth_bytes_s or FALLBACK_BANDWIDTH_BYTES_S
     est.fallback_op = fallback_coefficients(model.template, bandwidth / FALLBACK_MARGIN)
     sched = Scheduler(model, devices, cfg.policy, est.op_time, est.transfer_time, cfg,

@@ -1,10 +1,17 @@
-"""Device lists: one parser for the gateway's config and the benches."""
+"""Device lists: one parser for the gateway's config and the benches; the scheduler built
+with what its rounds need."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from scheduler.factory import default_devices, device_names, parse_devices
+from models.loader import load
+from scheduler import simloop
+from scheduler.config import SchedulerConfig
+from scheduler.factory import build_scheduler, default_devices, device_names, parse_devices
+from scheduler.profiling import Sweep, load_or_profile
 
 
 def test_names_from_a_string_or_a_list() -> None:
@@ -29,3 +36,15 @@ def test_each_device_gets_the_budget() -> None:
     devices = parse_devices("cpu:0,cpu:1", 1.5)
     assert [(d.name, d.memory_bytes) for d in devices] == [
         ("cpu:0", 3 * 2**29), ("cpu:1", 3 * 2**29)]
+
+
+def test_the_simulators_c_loop_is_built_before_the_first_round(
+        tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = load(tiny_model_dir, dtype="float32")
+    est = load_or_profile(model, ["cpu:0"], tmp_path, Sweep(
+        prefill_tokens=(4, 64), chunks=((32, 64),), decode_batches=(1,), decode_contexts=(8,),
+        transfer_tokens=(1, 8), repeats=1))
+    built: list[bool] = []
+    monkeypatch.setattr(simloop, "library", lambda: built.append(True))
+    build_scheduler(model, parse_devices("cpu:0", 0.25), SchedulerConfig(policy="slice"), est)
+    assert built  # NOTE: a fresh cache's build (~0.4 s) would otherwise stall that round
