@@ -21,7 +21,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -87,11 +87,8 @@ def _build(cc: str, sources: Sequence[Path], flags: Sequence[str], target: Path)
         out.replace(target)  # NOTE: atomic, so a concurrent loader sees all or nothing
 
 
-def compiled(name: str, sources: Sequence[Path], flags: Sequence[str]) -> tuple[Path, str, bool]:
-    """A shared library of the C files among `sources` (headers: listed for the cache key),
-    built with `flags` for this machine and cached under `cache_root()/native`, keyed by
-    the sources, compiler, flags and CPU: (its path, that key, whether it was built now).
-    Raises OSError or SubprocessError where no C compiler works."""
+def _compiled(name: str, sources: Sequence[Path], flags: Sequence[str]) -> tuple[Path, str, bool]:
+    """The library's path (built now if not cached), its cache key, whether it was built."""
     cc = _compiler()
     if cc is None:
         raise OSError("no C compiler (cc, gcc or $CC)")
@@ -101,6 +98,25 @@ def compiled(name: str, sources: Sequence[Path], flags: Sequence[str]) -> tuple[
     if built:
         _build(cc, sources, flags, path)
     return path, digest, built
+
+
+def load_library(name: str, sources: Sequence[Path], flags: Sequence[str],
+                 bind: Callable[[ctypes.CDLL], ctypes.CDLL], what: str
+                 ) -> tuple[ctypes.CDLL | None, str, str]:
+    """A shared library of the C files among `sources` (headers: listed for the cache key),
+    built with `flags` for this machine and cached under `cache_root()/native`, keyed by
+    the sources, compiler, flags and CPU; `bind` declares its functions. Returns it with a
+    note (how it was built, or why it is off) and its cache key; where no C compiler works,
+    None, the reason (logged: "`what` off: ...") and ""."""
+    try:
+        path, digest, built = _compiled(name, sources, flags)
+        lib = bind(ctypes.CDLL(str(path)))
+    except (OSError, subprocess.SubprocessError, AttributeError) as e:
+        detail = getattr(e, "stderr", "") or ""
+        logger.warning("%s off: %s %s", what, e, detail[-2000:])
+        return None, f"off: {e}"[:300], ""
+    note = f"{'built' if built else 'cached'} with {_compiler()} {' '.join(flags)}: {path}"
+    return lib, note, digest
 
 
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -117,15 +133,7 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
 @functools.cache
 def _load() -> tuple[ctypes.CDLL | None, str, str]:
     sources = [_CSRC / name for name in (*SOURCES, "common.h", "kernels.h")]
-    try:
-        path, digest, built = compiled("kernels", sources, cflags())
-        lib = _bind(ctypes.CDLL(str(path)))
-    except (OSError, subprocess.SubprocessError, AttributeError) as e:
-        detail = getattr(e, "stderr", "") or ""
-        logger.warning("native CPU kernels are off: %s %s", e, detail[-2000:])
-        return None, f"off: {e}"[:300], ""
-    note = f"{'built' if built else 'cached'} with {_compiler()} {' '.join(cflags())}: {path}"
-    return lib, note, digest
+    return load_library("kernels", sources, cflags(), _bind, "native CPU kernels are")
 
 
 def library() -> ctypes.CDLL | None:

@@ -6,7 +6,7 @@ the same steps on the same columns, so the two predict the same times to the las
 (`tests/scheduler/test_simulator_reference.py` holds both to the reference on random
 snapshots, `test_simulator.py` to the fake executors, `test_simloop.py` on the graphs
 this module builds its own way). The
-library is built by `models.native.compiled` with `-ffp-contract=off`, so no multiply-add
+library is built by `models.native.load_library` with `-ffp-contract=off`, so no multiply-add
 is fused, and without `-march=native`: a scalar loop gains nothing from wider vectors.
 Where no C compiler works, `library()` is None, `note()` says why (logged once) and the
 simulator stays in Python.
@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
-import subprocess
 from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,28 +25,23 @@ from pathlib import Path
 from typing import Any
 
 from executors.interference import Interference
-from models.native import compiled
+from models.native import load_library
 from scheduler.gmg import SimOp
 
-logger = logging.getLogger(__name__)
-
 _SOURCE = Path(__file__).parent / "csrc" / "simloop.c"
-FLAGS = ("-O2", "-fPIC", "-shared", "-std=c11", "-ffp-contract=off", "-fno-fast-math")
+FLAGS = ("-O2", "-fPIC", "-shared", "-std=c11", "-ffp-contract=off")
 _ARGS: list[Any] = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_double, ctypes.c_void_p]
 
 
+def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    lib.sim_run_packed.argtypes, lib.sim_run_packed.restype = _ARGS, ctypes.c_int64
+    return lib
+
+
 @functools.cache
-def _load() -> tuple[ctypes.CDLL | None, str]:
-    try:
-        path, _, built = compiled("simloop", [_SOURCE], FLAGS)
-        lib = ctypes.CDLL(str(path))
-        lib.sim_run_packed.argtypes, lib.sim_run_packed.restype = _ARGS, ctypes.c_int64
-    except (OSError, subprocess.SubprocessError, AttributeError) as e:
-        detail = getattr(e, "stderr", "") or ""
-        logger.warning("the simulator's C loop is off (Python runs it): %s %s", e,
-                       detail[-2000:])
-        return None, f"off: {e}"[:300]
-    return lib, f"{'built' if built else 'cached'}: {path}"
+def _load() -> tuple[ctypes.CDLL | None, str, str]:
+    return load_library("simloop", [_SOURCE], FLAGS, _bind,
+                        "the simulator's C loop (the Python loops run instead) is")
 
 
 def library() -> ctypes.CDLL | None:
