@@ -128,6 +128,15 @@ class Generation:
 
 async def merge(generations: list[Generation]) -> AsyncGenerator[Delta, None]:
     """Deltas of all choices in arrival order; closing this iterator aborts unfinished ones."""
+    if len(generations) == 1:
+        # NOTE: one choice (the usual request) is read directly: a pump task and a queue
+        # between it and the reader cost a task and a turn of the loop per token
+        try:
+            async for delta in generations[0].deltas():
+                yield delta
+        finally:
+            generations[0].close()
+        return
     queue: asyncio.Queue[Delta | Exception] = asyncio.Queue()
 
     async def pump(generation: Generation) -> None:

@@ -8,15 +8,14 @@ frees its KV blocks.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
-import anyio
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from gateway.disconnect import unless_disconnected
 from gateway.errors import envelope, json_bytes
 from gateway.generation import Delta, merge
 from gateway.job import Job
@@ -31,14 +30,6 @@ def sse(obj: Any) -> bytes:
     return b"data: " + json_bytes(obj) + b"\n\n"
 
 
-async def wait_for_disconnect(receive: Receive) -> None:
-    """Return once the client has gone away (or the response is complete)."""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
 async def first_delta(job: Job, receive: Receive, prompt_param: str
                       ) -> tuple[AsyncGenerator[Delta, None], Delta] | None:
     """The job's deltas and the first of them, awaited before the response starts, so that a
@@ -48,23 +39,17 @@ async def first_delta(job: Job, receive: Receive, prompt_param: str
     NOTE: the 200 and the first token now leave together; before, the headers went out at
     once and a refusal could only be an error event inside the stream."""
     deltas = merge(job.generations)
-    first = asyncio.ensure_future(anext(deltas))
-    watch = asyncio.ensure_future(wait_for_disconnect(receive))
+    started = False
     try:
-        await asyncio.wait({first, watch}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watch.cancel()
-        await asyncio.gather(watch, return_exceptions=True)
-    try:
-        if not first.done():
-            first.cancel()
-            await asyncio.gather(first, return_exceptions=True)
+        done, first = await unless_disconnected(anext(deltas), receive)
+        if not done or first is None:
             return None
-        return deltas, first.result()
+        started = True
+        return deltas, first
     except SubmitError as exc:
         raise job.refused(exc, prompt_param) from None
     finally:
-        if not first.done() or first.cancelled() or first.exception() is not None:
+        if not started:
             await _close(job, deltas)
 
 
@@ -143,18 +128,7 @@ class EventStreamResponse(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            async with anyio.create_task_group() as group:
-
-                async def stream() -> None:
-                    await self._stream(send)
-                    group.cancel_scope.cancel()
-
-                async def watch() -> None:
-                    await wait_for_disconnect(receive)
-                    group.cancel_scope.cancel()
-
-                group.start_soon(stream)
-                group.start_soon(watch)
+            await unless_disconnected(self._stream(send), receive)
         finally:
             await self.body_iterator.aclose()
 

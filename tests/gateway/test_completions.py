@@ -136,3 +136,42 @@ async def test_deadline_ends_with_length(make_engine: EngineFactory) -> None:
         assert result["choices"][0]["finish_reason"] == "length"
         assert 0 < result["usage"]["completion_tokens"] < 200
         assert h.fake.abort_reasons["deadline"] == 1 and h.fake.kv_blocks_in_use == 0
+
+
+class _Job:
+    """What `SettlingResponse` reads of a Job: its headers, and `finish` (recorded)."""
+
+    def __init__(self) -> None:
+        self.headers = {"x-slicegate-priority": "high"}
+        self.finished_at: int | None = None
+        self.sent = 0
+
+    def finish(self) -> None:
+        self.finished_at = self.sent
+
+
+async def test_a_json_response_settles_its_job_once_sent_or_when_sending_fails() -> None:
+    from typing import cast
+
+    from gateway.completions import SettlingResponse
+    from gateway.job import Job
+
+    job = _Job()
+
+    async def send(message: dict) -> None:
+        job.sent += 1
+
+    async def receive() -> dict:
+        return {"type": "http.disconnect"}
+
+    await SettlingResponse({"ok": True}, cast(Job, job))({"type": "http"}, receive, send)
+    assert job.sent == 2 and job.finished_at == 2  # after the headers and the body went out
+
+    failing = _Job()
+
+    async def broken(message: dict) -> None:
+        raise OSError("gone")
+
+    with pytest.raises(OSError):
+        await SettlingResponse({"ok": True}, cast(Job, failing))({"type": "http"}, receive, broken)
+    assert failing.finished_at == 0
