@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,7 +132,7 @@ async def stream_completion(client: httpx.AsyncClient, call: CompletionCall,
                 body = await response.aread()
                 record.error, record.error_code = _error_text(body), _error_code(body)
             else:
-                await _read_stream(response, record, origin)
+                await read_sse(response.aiter_lines(), record, origin)
     except asyncio.CancelledError:
         record.error = CANCELLED
         raise
@@ -146,9 +147,12 @@ async def stream_completion(client: httpx.AsyncClient, call: CompletionCall,
     return record
 
 
-async def _read_stream(response: httpx.Response, record: RequestRecord, origin: float) -> None:
+async def read_sse(lines: AsyncIterator[str], record: RequestRecord, origin: float) -> None:
+    """Fill ``record`` from the SSE lines of a completion stream, up to ``data: [DONE]``
+    (each chunk timed on arrival, seconds since ``origin``); a stream that ends without a
+    finish_reason, or carries an error, leaves ``record.error`` set."""
     done = False
-    async for line in response.aiter_lines():
+    async for line in lines:
         if not line.startswith("data:"):
             continue
         data = line[5:].strip()

@@ -16,6 +16,13 @@ hand-off to the executor thread), *ops* (the operators themselves), *between
 ops* (hand-offs and the scheduling rounds of later steps) and *after the
 last op* (the token's way back to the event loop, detokenization, JSON or
 SSE, HTTP out).
+
+The timed requests go over one keep-alive HTTP/1.1 connection of
+``loadgen.leanhttp`` (httpx reads the model and the op timeline), so the
+overhead holds no client library's Python. Each server round also times
+``GET /health`` round trips through httpx and through that connection,
+alternately: the summary's ``client`` says what httpx would have added per
+request. Nothing is subtracted from the overhead.
 """
 
 from __future__ import annotations
@@ -34,10 +41,12 @@ from typing import Any
 import httpx
 import yaml
 
-from loadgen.client import CompletionCall, RequestRecord, stream_completion
+from loadgen.client import CompletionCall
+from loadgen.leanhttp import LeanConnection
 from loadgen.probe import TimelinePoller, first_model
 from loadgen.prompts import PromptBuilder, resolve_model_folder
 from loadgen.servers import RunningServer, ServerSpec, default_serve_cmd, free_port
+from loadgen.timed_requests import RoundTrips, time_completion, time_health
 from loadgen.timeline import OpSpan
 
 API_KEY, ADMIN_KEY = "sk-probe-1", "sk-probe-admin"
@@ -64,6 +73,7 @@ class ProbeConfig:
     # intra-op threads of the server's CPU devices (`--cpu-threads`) and of `direct`; None:
     # the server's default (the cores split between its CPU devices)
     threads: int | None = None
+    health_round_trips: int = 30  # GET /health per client (httpx, lean) per round
 
     def cases(self) -> list[tuple[int, int]]:
         return [(n, k) for n in self.prompt_tokens for k in self.max_tokens]
@@ -142,44 +152,30 @@ def run_direct(config: ProbeConfig, prompts: list[tuple[tuple[int, int], str]]) 
     return list(json.loads(done.stdout.strip().splitlines()[-1])["cases"])
 
 
-async def _json_request(client: httpx.AsyncClient, body: dict[str, Any]) -> tuple[float, float]:
-    send = time.monotonic()
-    response = await client.post("/v1/completions", json=body,
-                                 headers={"Authorization": f"Bearer {API_KEY}"})
-    end = time.monotonic()
-    if response.status_code != 200:
-        raise RuntimeError(f"HTTP {response.status_code}: {response.text[:300]}")
-    return send, end
-
-
-async def _one(client: httpx.AsyncClient, model: str, case: tuple[int, int], mode: str,
+async def _one(lean: LeanConnection, model: str, case: tuple[int, int], mode: str,
                prompt: str) -> Sample:
     call = CompletionCall(model, prompt, case[1], API_KEY)
-    if mode == "json":
-        body = {k: v for k, v in call.body().items() if k != "stream_options"}
-        send, end = await _json_request(client, {**body, "stream": False})
-        return Sample(case, mode, send, None, end)
-    record = RequestRecord("probe", 0, 0.0, case[0], case[1])
-    await stream_completion(client, call, record, 0.0)  # origin 0: times are monotonic()
-    if not record.ok or record.end_s is None:
-        raise RuntimeError(f"streaming request failed: {record.error}")
-    return Sample(case, mode, record.send_s, record.first_token_s, record.end_s)
+    t = await time_completion(lean, call, stream=mode == "stream")
+    return Sample(case, mode, t.send_s, t.first_s, t.end_s)
 
 
-async def _server_round(config: ProbeConfig, url: str,
-                        prompts: list[tuple[tuple[int, int], str]]) -> list[Sample]:
+async def _server_round(config: ProbeConfig, url: str, prompts: list[tuple[tuple[int, int], str]]
+                        ) -> tuple[list[Sample], RoundTrips]:
     samples: list[Sample] = []
-    async with httpx.AsyncClient(base_url=url, timeout=300.0) as client:
+    address = httpx.URL(url)
+    async with (httpx.AsyncClient(base_url=url, timeout=300.0) as client,
+                LeanConnection(address.host, address.port or 80) as lean):
         model = await first_model(client, API_KEY)
         poller = TimelinePoller(client, ADMIN_KEY, time.monotonic())
         await poller.poll_once(since_s=1e12)  # learn the clock offset
         for mode in MODES:
             for case, prompt in prompts:
-                samples.append(await _one(client, model, case, mode, prompt))
+                samples.append(await _one(lean, model, case, mode, prompt))
                 await poller.poll_once()
+        trips = await time_health(client, lean, config.health_round_trips)
     for s in samples:
         s.spans = [p for p in poller.spans if s.send_s <= p.start_s and p.end_s <= s.end_s]
-    return samples
+    return samples, trips
 
 
 def _prompts(builder: PromptBuilder, config: ProbeConfig, round_: int,
@@ -213,6 +209,7 @@ def run_probe(config: ProbeConfig) -> dict[str, Any]:
     builder = PromptBuilder.from_folder(resolve_model_folder(config.model, config.python))
     direct: list[dict] = []
     samples: list[Sample] = []
+    trips = RoundTrips()
     waited: list[float] = []
     with _server(config) as server:
         server.wait_ready()
@@ -223,16 +220,21 @@ def run_probe(config: ProbeConfig) -> dict[str, Any]:
             waited.append(wait_quiet(server.spec.url))
             direct += run_direct(config, prompts)
             waited.append(wait_quiet(server.spec.url))
-            samples += asyncio.run(_server_round(config, server.spec.url, prompts))
-    return {**summarize(config, direct, samples), "quiet_waits_s": waited}
+            round_samples, round_trips = asyncio.run(
+                _server_round(config, server.spec.url, prompts))
+            samples += round_samples
+            trips.extend(round_trips)
+    return {**summarize(config, direct, samples, trips), "quiet_waits_s": waited}
 
 
 def _med(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def summarize(config: ProbeConfig, direct: list[dict], samples: list[Sample]) -> dict[str, Any]:
-    """Per (case, mode): direct and server medians (ms), overheads, the server-side split."""
+def summarize(config: ProbeConfig, direct: list[dict], samples: list[Sample],
+              trips: RoundTrips | None = None) -> dict[str, Any]:
+    """Per (case, mode): direct and server medians (ms), overheads, the server-side split;
+    and what httpx adds to a round trip (``client``, None without ``trips``)."""
     rows = []
     for case in config.cases():
         d = [x for x in direct if tuple(x["case"]) == case]
@@ -253,7 +255,16 @@ def summarize(config: ProbeConfig, direct: list[dict], samples: list[Sample]) ->
                              ("before_first_op", "ops", "ops_cpu", "between_ops",
                               "after_last_op")}})
     conf = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()}
-    return {"config": conf, "rows": rows, "goal": _goal(rows)}
+    return {"config": conf, "rows": rows, "goal": _goal(rows), "client": _client(trips)}
+
+
+def _client(trips: RoundTrips | None) -> dict[str, Any] | None:
+    if trips is None or not trips.httpx_s or not trips.lean_s:
+        return None
+    httpx_ms = statistics.median(trips.httpx_s) * 1e3
+    lean_ms = statistics.median(trips.lean_s) * 1e3
+    return {"round_trips": len(trips.lean_s), "httpx_ms": httpx_ms, "lean_ms": lean_ms,
+            "httpx_extra_ms": httpx_ms - lean_ms}
 
 
 def _goal(rows: list[dict]) -> dict[str, Any]:
@@ -283,4 +294,9 @@ def markdown(summary: dict[str, Any]) -> str:
     g = summary["goal"]
     lines.append(f"\ngoal: {g['what']}: worst {_fmt(g['worst_ms'])} ms, "
                  f"{'met' if g['met'] else 'MISSED'}")
+    c = summary.get("client")
+    if c is not None:
+        lines.append(f"client: GET /health round trip {c['lean_ms']:.2f} ms lean, "
+                     f"{c['httpx_ms']:.2f} ms httpx (httpx adds {c['httpx_extra_ms']:.2f} ms; "
+                     "not in the overhead above)")
     return "\n".join(lines)

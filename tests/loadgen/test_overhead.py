@@ -21,6 +21,7 @@ from loadgen.overhead import (
     summarize,
     wait_quiet,
 )
+from loadgen.timed_requests import RoundTrips
 from loadgen.timeline import OpSpan
 
 
@@ -62,7 +63,23 @@ def test_overheads_are_server_minus_direct_medians() -> None:
     text = markdown(summary)
     assert "| 16 | 1 | stream | 12.0 | 20.0 | 12.0 | 21.0 | 9.0 |" in text
     assert "worst 9.0 ms, MISSED" in text
+    assert summary["client"] is None and "client:" not in text  # no round trips timed
     json.dumps(summary)  # what the command writes
+
+
+def test_what_httpx_adds_is_reported_beside_the_overhead_not_taken_from_it() -> None:
+    config = ProbeConfig(out=Path("x"), prompt_tokens=(16,), max_tokens=(1,))
+    direct = [_direct((16, 1), 0.010, 0.010)]
+    samples = [Sample((16, 1), "json", 0.0, None, 0.013)]
+    trips = RoundTrips(httpx_s=[0.0011, 0.00114, 0.0030], lean_s=[0.0004, 0.00043, 0.0009])
+    summary = summarize(config, direct, samples, trips)
+    assert summary["client"] == pytest.approx({"round_trips": 3, "httpx_ms": 1.14,
+                                               "lean_ms": 0.43, "httpx_extra_ms": 0.71})
+    assert summary["rows"][0]["overhead_ms"] == pytest.approx(3.0)  # nothing subtracted
+    assert markdown(summary).splitlines()[-1] == (
+        "client: GET /health round trip 0.43 ms lean, 1.14 ms httpx (httpx adds 0.71 ms; "
+        "not in the overhead above)")
+    json.dumps(summary)
 
 
 def test_direct_runs_on_the_threads_of_the_servers_executors(monkeypatch: pytest.MonkeyPatch
@@ -99,6 +116,10 @@ def test_probe_on_slicegate(tmp_path: Path) -> None:
         # the executor threads' CPU time in the ops: measured, and never above their wall time
         assert split["ops_cpu"] is not None and 0 < split["ops_cpu"] <= split["ops"] + 0.5
     assert summary["goal"]["worst_ms"] is not None
+    # GET /health through httpx and the lean connection, each round (warm-up not counted)
+    client = summary["client"]
+    assert client["round_trips"] == config.health_round_trips
+    assert client["lean_ms"] > 0 and client["httpx_ms"] > 0
 
 
 def test_the_probed_server_recomputes_every_prompt_as_direct_does(tmp_path: Path) -> None:
