@@ -103,7 +103,8 @@ class Sample:
 
     def split_ms(self) -> dict[str, float | None]:
         """before first op / ops (and the executor threads' CPU time in them, None where the
-        server does not say) / between ops / after last op, ms (empty without spans)."""
+        server does not say) / between ops / after last op, and the three together (the path
+        outside the ops), ms (empty without spans)."""
         if not self.spans:
             return {}
         start, end = min(s.start_s for s in self.spans), max(s.end_s for s in self.spans)
@@ -112,7 +113,8 @@ class Sample:
         return {"before_first_op": (start - self.send_s) * 1e3, "ops": ops * 1e3,
                 "ops_cpu": sum(cpu) * 1e3 if len(cpu) == len(self.spans) else None,
                 "between_ops": (end - start - ops) * 1e3,
-                "after_last_op": (self.end_s - end) * 1e3}
+                "after_last_op": (self.end_s - end) * 1e3,
+                "outside_ops": (self.end_s - self.send_s - ops) * 1e3}
 
 
 def _tenants(path: Path) -> Path:
@@ -253,7 +255,7 @@ def summarize(config: ProbeConfig, direct: list[dict], samples: list[Sample],
                 "overhead_ms": None if total is None or d_total is None else total - d_total,
                 "split_ms": {k: _med([v for sp in splits if (v := sp[k]) is not None]) for k in
                              ("before_first_op", "ops", "ops_cpu", "between_ops",
-                              "after_last_op")}})
+                              "after_last_op", "outside_ops")}})
     conf = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()}
     return {"config": conf, "rows": rows, "goal": _goal(rows), "client": _client(trips)}
 
@@ -281,8 +283,8 @@ def _fmt(v: float | None) -> str:
 def markdown(summary: dict[str, Any]) -> str:
     lines = ["| prompt | max_tokens | mode | direct TTFT ms | server TTFT ms | direct total ms "
              "| server total ms | overhead ms | before 1st op | ops | ops' CPU | between ops "
-             "| after last op |",
-             "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| after last op | outside ops |",
+             "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in summary["rows"]:
         sp = r["split_ms"]
         lines.append(
@@ -290,7 +292,8 @@ def markdown(summary: dict[str, Any]) -> str:
             f"{_fmt(r['direct_ttft_ms'])} | {_fmt(r['server_ttft_ms'])} | "
             f"{_fmt(r['direct_total_ms'])} | {_fmt(r['server_total_ms'])} | "
             f"{_fmt(r['overhead_ms'])} | {_fmt(sp['before_first_op'])} | {_fmt(sp['ops'])} | "
-            f"{_fmt(sp['ops_cpu'])} | {_fmt(sp['between_ops'])} | {_fmt(sp['after_last_op'])} |")
+            f"{_fmt(sp['ops_cpu'])} | {_fmt(sp['between_ops'])} | {_fmt(sp['after_last_op'])} | "
+            f"{_fmt(sp['outside_ops'])} |")
     g = summary["goal"]
     lines.append(f"\ngoal: {g['what']}: worst {_fmt(g['worst_ms'])} ms, "
                  f"{'met' if g['met'] else 'MISSED'}")

@@ -35,7 +35,7 @@ def test_split_of_a_request_around_its_ops() -> None:
     split = s.split_ms()
     assert split.pop("ops_cpu") is None  # the server did not say
     assert split == pytest.approx({"before_first_op": 2.0, "ops": 17.0, "between_ops": 1.0,
-                                   "after_last_op": 3.0})
+                                   "after_last_op": 3.0, "outside_ops": 6.0})
     timed = [dataclasses.replace(x, cpu_s=0.006) for x in spans]
     assert Sample((16, 2), "stream", 1.000, 1.015, 1.023, timed).split_ms()["ops_cpu"] == \
         pytest.approx(12.0)
