@@ -131,10 +131,12 @@ async def merge(generations: list[Generation]) -> AsyncGenerator[Delta, None]:
     if len(generations) == 1:
         # NOTE: one choice (the usual request) is read directly: a pump task and a queue
         # between it and the reader cost a task and a turn of the loop per token
+        deltas = generations[0].deltas()
         try:
-            async for delta in generations[0].deltas():
+            async for delta in deltas:
                 yield delta
         finally:
+            await deltas.aclose()  # NOTE: at once; left to the collector it runs a turn later
             generations[0].close()
         return
     queue: asyncio.Queue[Delta | Exception] = asyncio.Queue()
