@@ -55,30 +55,30 @@ async def test_a_refused_request_raises(stream: bool) -> None:
             await time_completion(lean, CompletionCall("stub", "a", 1, "sk-wrong"), stream)
 
 
-async def test_a_stream_without_its_end_raises() -> None:
+@contextlib.asynccontextmanager
+async def answering(answer: bytes) -> AsyncIterator[LeanConnection]:
+    """A lean connection to a server that reads a request's head, writes `answer` and closes."""
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")  # the body is never read: the answer comes first
-        token = b'data: {"choices": [{"text": "x", "finish_reason": null}]}\n\n'
-        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-                     + f"{len(token):x}\r\n".encode() + token + b"\r\n0\r\n\r\n")
+        writer.write(answer)
         await writer.drain()
         writer.close()
 
     listener = await asyncio.start_server(serve, "127.0.0.1", 0)
     async with listener, LeanConnection("127.0.0.1", listener.sockets[0].getsockname()[1]) as lean:
+        yield lean
+
+
+async def test_a_stream_without_its_end_raises() -> None:
+    token = b'data: {"choices": [{"text": "x", "finish_reason": null}]}\n\n'
+    async with answering(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                         + f"{len(token):x}\r\n".encode() + token + b"\r\n0\r\n\r\n") as lean:
         with pytest.raises(RuntimeError, match="stream ended before a finish_reason"):
             await time_completion(lean, CompletionCall("m", "a", 1), stream=True)
 
 
 async def test_a_broken_connection_raises_a_runtime_error() -> None:
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readuntil(b"\r\n\r\n")
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n{")
-        await writer.drain()
-        writer.close()
-
-    listener = await asyncio.start_server(serve, "127.0.0.1", 0)
-    async with listener, LeanConnection("127.0.0.1", listener.sockets[0].getsockname()[1]) as lean:
+    async with answering(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n{") as lean:
         with pytest.raises(RuntimeError, match="JSON request failed: LeanHTTPError"):
             await time_completion(lean, CompletionCall("m", "a", 1), stream=False)
 
