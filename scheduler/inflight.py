@@ -8,6 +8,8 @@ lookup) and written on the loop.
 
 from __future__ import annotations
 
+from collections import Counter
+
 from executors.types import Priority
 from scheduler.plan import Plan
 from scheduler.requestview import Placement
@@ -23,6 +25,8 @@ class InFlight:
         self.urgent: set[int] = set()  # op ids whose completion wakes the loop at once
         self.prefills: dict[tuple[str, Priority], int] = {}  # (first device, class) -> plans
         self.decodes: set[Placement] = set()  # placements with a decode step in flight
+        # (placement, class) -> decode steps in flight there at that class
+        self.decode_classes: Counter[tuple[Placement, Priority]] = Counter()
 
     def add(self, plan: Plan) -> None:
         for i, final in enumerate(plan.finals):
@@ -37,6 +41,7 @@ class InFlight:
             self.prefills[key] = self.prefills.get(key, 0) + 1
         else:
             self.decodes.add(plan.placement)
+            self.decode_classes[(plan.placement, plan.priority)] += 1
 
     def cancel(self, plan: Plan) -> None:
         """Its request was withdrawn: every op's completion now matters at once."""
@@ -49,6 +54,10 @@ class InFlight:
             self.prefills[(plan.placement[0], plan.priority)] -= 1
         else:
             self.decodes.discard(plan.placement)
+            key = (plan.placement, plan.priority)
+            self.decode_classes[key] -= 1
+            if self.decode_classes[key] <= 0:
+                del self.decode_classes[key]
         for op in plan.ops:
             self.by_op.pop(op.op_id, None)
             self.finals.pop(op.op_id, None)

@@ -343,7 +343,7 @@ class Scheduler:
             frozenset(self.inflight.decodes),
             self.tightest_slo_s or self.cfg.default_ttft_slo_s, self.fair.view(),
             None if self.provisioner is None else self.replicas.holders(),
-            self.calibration.factors())
+            self.calibration.factors(), frozenset(self.inflight.decode_classes))
 
     def _apply(self, d: RoundDecision, now: float) -> None:
         """Commit a decision: first what frees KV, then what takes it, then the plans.

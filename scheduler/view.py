@@ -50,6 +50,9 @@ class RoundView:
     # placement kind -> measured / predicted first-token wait (scheduler/calibration.py);
     # a kind not in it has too few plans scored and counts as 1.0
     first_token_factors: Mapping[str, float] = field(default_factory=dict)
+    # (placement, class) of each decode step in flight: a step runs at its lowest member's
+    # class, so a high request's step may run at low class (policies/common.py)
+    decode_classes: frozenset[tuple[Placement, Priority]] = frozenset()
 
     def allows(self, placement: Placement) -> bool:
         """Whether every operator of `placement` runs on a device holding its replica."""

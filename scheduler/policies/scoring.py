@@ -46,14 +46,18 @@ def prefilling(draft: Draft, device: str, prio: Priority) -> bool:
 def step_first(draft: Draft, r: RequestView, plan: Plan) -> bool:
     """Whether `plan` (prompts on one device) should wait for a decode step of `r`'s class
     in flight on its placement: its ops would run only after that step's anyway (a batch
-    issued earlier goes first), and once the step ends its requests ride along in the
-    prefill (`SlicePolicy._ride`) instead of waiting for the whole prefill before their
-    next step."""
+    of the same class issued earlier goes first), and once the step ends its requests ride
+    along in the prefill (`SlicePolicy._ride`) instead of waiting for the whole prefill
+    before their next step.
+
+    NOTE: a step runs at its lowest member's class (`decode_plans`). A step carrying `r`'s
+    classmates beside lower ones runs at the lower class, and the executors run `plan`'s
+    ops ahead of it (and of every other op of that class queued there): waiting for it
+    would delay `r`'s first token by whole steps of the lower class, not by one op."""
     placement = plan.placement
     if len(set(placement)) != 1 or len(plan.chunks) != 1:
         return False
-    return any(q.placement == placement and q.priority == r.priority and not q.is_prefilling
-               for q in draft.view.running)
+    return (placement, r.priority) in draft.view.decode_classes
 
 
 def decode_delay(draft: Draft, plan: Plan, pred: Prediction) -> float:

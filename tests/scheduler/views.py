@@ -33,7 +33,10 @@ def make_view(waiting: Iterable[RequestView] = (), runnable: Iterable[RequestVie
               load: dict[str, float] | None = None, cfg: SchedulerConfig = CFG,
               watermark: int = 0, host_free_bytes: int = 0,
               running: Iterable[RequestView] = (),
-              prefills: dict[tuple[str, Priority], int] | None = None) -> RoundView:
+              prefills: dict[tuple[str, Priority], int] | None = None,
+              steps: Iterable[tuple[Placement, Priority]] | None = None) -> RoundView:
+    """`steps`: (placement, class) of each decode step in flight; by default each running
+    request that is not prefilling is in a step of its own class."""
     by_class: dict[Priority, list[RequestView]] = {p: [] for p in Priority}
     for r in waiting:
         by_class[r.priority].append(r)
@@ -45,7 +48,13 @@ def make_view(waiting: Iterable[RequestView] = (), runnable: Iterable[RequestVie
                      dict.fromkeys(DEVICES, watermark), cfg.block_size, BLOCK_BYTES,
                      host_free_bytes, snap, load or dict.fromkeys(DEVICES, 0.0), builder,
                      prefills or {},
-                     frozenset(), cfg.default_ttft_slo_s)
+                     frozenset(), cfg.default_ttft_slo_s,
+                     decode_classes=frozenset(_steps(running) if steps is None else steps))
+
+
+def _steps(running: Iterable[RequestView]) -> set[tuple[Placement, Priority]]:
+    return {(r.placement, r.priority) for r in running
+            if r.placement is not None and not r.is_prefilling}
 
 
 def single(device: str) -> Placement:

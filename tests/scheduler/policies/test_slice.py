@@ -250,8 +250,27 @@ def test_a_prefill_waits_for_a_decode_step_of_its_class_on_its_device_to_carry_i
     assert [(f.rid, f.num_tokens) for f in prefill.chunks[0]] == [("hp", 40), ("dec", 1)]
     # a step of a lower class holds nothing back (a high op waits for one of its ops at most)
     low = dataclasses.replace(dec, priority=Priority.LOW)
-    d = make_policy("slice").schedule(dataclasses.replace(view, running=(low,)))
+    d = make_policy("slice").schedule(dataclasses.replace(
+        view, running=(low,), decode_classes=frozenset({(on0, Priority.LOW)})))
     assert [p.placement for p in d.plans] == [on0] and [a.rid for a in d.admissions] == ["hp"]
+
+
+def test_a_step_of_its_class_run_at_a_lower_class_holds_no_prefill_back() -> None:
+    hp = req("hp", Priority.HIGH, prompt=40, slo=1.0)
+    on0 = single("cpu:0")
+    dec = req("dec", Priority.HIGH, prompt=20, computed=20, output=1, placement=on0, blocks=2)
+    low = req("low", Priority.LOW, prompt=20, computed=20, output=1, placement=on0, blocks=2)
+    # dec decodes in one step with a low request: the step runs at low class, and a high
+    # prefill issued now runs ahead of its ops (and every other low op on cpu:0)
+    ops = _LONG1 + (_busy("cpu:0", 0.005, Priority.LOW),)
+    mixed = make_view(waiting=[hp], running=[dec, low], ops=ops,
+                      prefills=_prefilling("cpu:1"), steps=[(on0, Priority.LOW)])
+    d = make_policy("slice").schedule(mixed)
+    assert [p.placement for p in d.plans] == [on0] and [a.rid for a in d.admissions] == ["hp"]
+    # the same requests in a step at the high class: the prefill waits for it, to carry dec
+    pure = dataclasses.replace(mixed, decode_classes=frozenset({(on0, Priority.HIGH)}))
+    d = make_policy("slice").schedule(pure)
+    assert not d.plans and not d.admissions and d.retry_on_progress
 
 
 def test_a_held_request_is_not_simulated_again_until_a_plan_in_flight_ends() -> None:
