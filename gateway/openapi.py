@@ -103,6 +103,12 @@ def _paths() -> dict[str, Any]:
         "/admin/timeline": {"get": _get("Op executions and finished requests since `since`",
                                         _ref("Timeline"), 400, 401, 403, 500,
                                         params=[_query("since", {"type": "number"})])},
+        "/admin/direct": {"post": {
+            "summary": "A completion's operator chain timed directly on a device",
+            "parameters": [_query("device", {"type": "string"})],
+            "requestBody": {"required": True,
+                            "content": {JSON: {"schema": _ref("CompletionRequest")}}},
+            "responses": {**_ok({"type": "object"}), **_errors(400, 401, 403, 404, 413, 500)}}},
         "/admin/ui": {"get": _get("The live admin page", {"type": "string"}, 500,
                                   media="text/html")},
         "/admin/ui/{name}": {"get": {"summary": "A static file of the admin page",

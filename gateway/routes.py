@@ -14,11 +14,12 @@ from gateway.engine import Engine
 from gateway.errors import ApiError, clip, invalid
 from gateway.fields import is_number
 from gateway.openapi import VERSION, document
-from gateway.prompts import tokenize_chat, tokenize_completion
+from gateway.prompts import resolve_max_tokens, tokenize_chat, tokenize_completion
 from gateway.protocol import parse_chat, parse_completion, parse_json
 from gateway.responses import json_response
 from gateway.state import state_of
 from gateway.tenants import authenticate, authorize_admin, bearer_key
+from scheduler.api import DirectUnavailable
 
 router = APIRouter()
 
@@ -128,3 +129,26 @@ async def admin_timeline(request: Request) -> Response:
               for e in state.engine.scheduler.timeline(since)]
     return json_response({"now": time.monotonic(), "since": since, "events": events,
                           "requests": recent.finished_since(since)})
+
+
+@router.post("/admin/direct")
+async def admin_direct(request: Request) -> Response:
+    """A /v1/completions body's operator chain timed directly on a device's executor thread
+    (`?device=`, default the first), with no serving path around it: the baseline that
+    `loadgen probe --overhead` pairs with each request. The device runs nothing else
+    meanwhile."""
+    state = state_of(request)
+    authorize_admin(state.config.tenants, request.headers.get("authorization"))
+    body = parse_completion(parse_json(await request.body()), 1)
+    _check_model(state.engine, body.options.model)
+    [prompt] = tokenize_completion(state.engine, body.prompts)
+    max_tokens = resolve_max_tokens(body.options, len(prompt), state.engine.max_model_len,
+                                    chat=False)
+    try:
+        t = await state.engine.scheduler.time_direct(prompt, max_tokens,
+                                                     request.query_params.get("device"))
+    except DirectUnavailable as e:
+        raise invalid("device", str(e)) from None
+    return json_response({"device": t.device, "prompt_tokens": len(prompt),
+                          "max_tokens": max_tokens, "first_token_s": t.first_token_s,
+                          "total_s": t.total_s})

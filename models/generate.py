@@ -13,10 +13,12 @@ from models.loader import Model
 from models.sampling_params import SamplingParams
 
 
-def run_chain(model: Model, batch: Batch, kv: KVCache) -> torch.Tensor:
-    """All operators in order on the model's device; returns the head's output [S]."""
+def run_chain(model: Model, batch: Batch, kv: KVCache,
+              device: torch.device | None = None) -> torch.Tensor:
+    """All operators in order (their copies on `device`, default the model's own); returns
+    the head's output [S]."""
     x: torch.Tensor | None = None
-    for op in model.ops:
+    for op in model.ops if device is None else model.ops_on(device):
         x = op.run(batch, x, kv)
     assert x is not None
     return x
@@ -68,24 +70,26 @@ def generate(model: Model, prompt_ids: list[int], params: SamplingParams,
 
 
 def timed_request(model: Model, prompt_ids: list[int], max_tokens: int,
-                  block_size: int = 16) -> tuple[float, float]:
+                  block_size: int = 16, device: torch.device | None = None
+                  ) -> tuple[float, float]:
     """(seconds to the first token, seconds to the last) of one greedy request run directly.
 
     What a server's request costs without the server: per step the batch is
     built and the operator chain run (prefill, then `max_tokens - 1` decode
-    steps, each sampling one token; stop tokens ignored). KV blocks are
-    allocated before the clock starts.
+    steps, each sampling one token; stop tokens ignored), on `device` (default:
+    the model's). KV blocks are allocated before the clock starts.
     """
+    on = model.device if device is None else device
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     total = len(prompt_ids) + max_tokens
-    kv = model.new_kv_cache(blocks_for(total, block_size), block_size)
+    kv = model.new_kv_cache(blocks_for(total, block_size), block_size, device=on)
     table = kv.allocator.allocate(blocks_for(total, block_size))
     feed, past, out = list(prompt_ids), 0, 0
     t0 = time.perf_counter()
     first = 0.0
     while out < max_tokens:
         seq = _step_seq("r0", feed, past, table, params, out)
-        token = int(run_chain(model, build_batch([seq], block_size, model.device), kv)[0])
+        token = int(run_chain(model, build_batch([seq], block_size, on), kv, on)[0])
         past += len(feed)
         out += 1
         if out == 1:

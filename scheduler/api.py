@@ -65,6 +65,19 @@ class SchedulerStats:
     # times lost, last error (remote devices)
 
 
+@dataclass(frozen=True, slots=True)
+class DirectTiming:
+    """One greedy request's operator chain run directly on a device (`time_direct`)."""
+
+    device: str
+    first_token_s: float  # the prefill and the first token's sampling
+    total_s: float  # every step, to the last token
+
+
+class DirectUnavailable(Exception):
+    """No device by that name, or it runs no executor thread in this process."""
+
+
 class SchedulerAPI(Protocol):
     """What `gateway` calls. `scheduler.Scheduler` implements it; `FakeScheduler` too."""
 
@@ -84,6 +97,13 @@ class SchedulerAPI(Protocol):
 
     def timeline(self, since: float) -> list[dict[str, Any]]:
         """Recent op executions (device, op, class, start, end) since monotonic time `since`."""
+        ...
+
+    async def time_direct(self, prompt_ids: list[int], max_tokens: int,
+                          device: str | None = None) -> DirectTiming:
+        """A request's operator chain with no serving path around it: `max_tokens` greedy
+        steps of `prompt_ids`, timed on `device`'s executor thread (default: the first
+        device) between its ops. Raises `DirectUnavailable`."""
         ...
 
     async def start(self) -> None: ...

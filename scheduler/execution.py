@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Callable
-from typing import Protocol, runtime_checkable
+from concurrent.futures import Future
+from typing import Protocol, TypeVar, runtime_checkable
+
+import torch
 
 from executors.cuda import CudaExecutor
 from executors.executor import Executor, OnDone, RunOp, link
@@ -20,6 +23,8 @@ from models.prefix_cache import CachingAllocator
 from scheduler.config import SchedulerConfig
 from scheduler.kv import KVManager
 from scheduler.oprunner import OnDevice
+
+T = TypeVar("T")
 
 
 class ExecutorLike(Protocol):
@@ -170,6 +175,15 @@ class Execution:
         if not isinstance(ex, Executor):
             return None
         return lambda fn: ex.call(fn).result()
+
+    def call_on(self, device: str, fn: Callable[[torch.device], T]) -> Future[T] | None:
+        """Run `fn` (given the device's torch device) on `device`'s executor thread before
+        its next op; None where the executor is not a local thread (fakes, Ray actors)."""
+        ex = self.executors.get(device)
+        if not isinstance(ex, Executor):
+            return None
+        torch_device = self.devices[device].torch_device
+        return ex.call(lambda: fn(torch_device))
 
     def busy_s(self, device: str) -> float:
         return self.executors[device].busy_s if device in self.executors else 0.0

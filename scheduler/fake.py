@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from executors.types import Priority
-from scheduler.api import SchedulerStats
+from scheduler.api import DirectTiming, DirectUnavailable, SchedulerStats
 from scheduler.ieg import (
     BoundedQueues,
     FinishReason,
@@ -159,6 +159,18 @@ class FakeScheduler:
 
     def timeline(self, since: float) -> list[dict[str, Any]]:
         return [r for r in self._timeline if r["end"] >= since]
+
+    async def time_direct(self, prompt_ids: list[int], max_tokens: int,
+                          device: str | None = None) -> DirectTiming:
+        """A step of `token_delay_s` per token, slept and timed."""
+        if device not in (None, self.config.device):
+            raise DirectUnavailable(f"This server has no device {device!r}; it has "
+                                    f"{self.config.device}.")
+        t0 = time.perf_counter()
+        await asyncio.sleep(self.config.token_delay_s)
+        first = time.perf_counter() - t0
+        await asyncio.sleep(self.config.token_delay_s * (max_tokens - 1))
+        return DirectTiming(self.config.device, first, time.perf_counter() - t0)
 
     async def start(self) -> None:
         if self._task is None:

@@ -28,11 +28,12 @@ from models.loader import Model
 from scheduler import firstrows
 from scheduler.actuation import Actuation, Demand
 from scheduler.admission import EVICTED, DrainRate
-from scheduler.api import NO_DEVICE, SchedulerStats
+from scheduler.api import NO_DEVICE, DirectTiming, SchedulerStats
 from scheduler.bookkeeping import Bookkeeping
 from scheduler.calibration import FirstTokenCalibration
 from scheduler.config import SchedulerConfig
 from scheduler.decision import Preemption, RoundDecision
+from scheduler.direct import time_direct
 from scheduler.execution import Execution, ExecutorFactory, activation_reserve, kv_pools
 from scheduler.fairness import FairShare, counter_of
 from scheduler.gmg import GMG
@@ -591,6 +592,11 @@ class Scheduler:
     # -- views -----------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
         return self.gmg.to_json()
+
+    async def time_direct(self, prompt_ids: list[int], max_tokens: int,
+                          device: str | None = None) -> DirectTiming:
+        return await time_direct(self.exec, self.model, list(self.devices), prompt_ids,
+                                 max_tokens, self.cfg.block_size, device)
 
     def timeline(self, since: float) -> list[dict[str, Any]]:
         self._book()

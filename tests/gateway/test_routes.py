@@ -36,6 +36,12 @@ async def test_admin_needs_an_admin_key(make_engine: EngineFactory) -> None:
             assert forbidden.status_code == 403
             assert forbidden.json()["error"]["type"] == "permission_error"
             assert (await h.client.get(path, headers=ADMIN)).status_code == 200
+        direct = {"prompt": "x", "max_tokens": 1}
+        assert (await h.client.post("/admin/direct", json=direct)).status_code == 401
+        assert (await h.client.post("/admin/direct", json=direct,
+                                    headers=TENANT)).status_code == 403
+        assert (await h.client.post("/admin/direct", json=direct,
+                                    headers=ADMIN)).status_code == 200
         assert (await h.client.get("/v1/models", headers=ADMIN)).status_code == 200
         assert (await h.client.post("/v1/completions", json={"prompt": "x"},
                                     headers=ADMIN)).status_code == 401
@@ -58,3 +64,21 @@ async def test_gmg_and_timeline(gateway: Harness) -> None:
     assert later["events"] == [] and later["requests"] == []
     bad = await gateway.client.get("/admin/timeline?since=yesterday")
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "since"
+
+
+async def test_direct_times_a_completion_body_on_a_device(gateway: Harness) -> None:
+    ok = await gateway.client.post("/admin/direct", json={"prompt": "hello there",
+                                                          "max_tokens": 3})
+    body = ok.json()
+    assert ok.status_code == 200 and (body["device"], body["max_tokens"]) == ("cpu:0", 3)
+    assert body["prompt_tokens"] > 0 and 0 <= body["first_token_s"] <= body["total_s"]
+    default = (await gateway.client.post("/admin/direct", json={"prompt": "x"})).json()
+    assert default["max_tokens"] == 16  # as /v1/completions
+    errors = [await gateway.client.post("/admin/direct?device=cuda:7", json={"prompt": "x"}),
+              await gateway.client.post("/admin/direct", json={"prompt": ["a", "b"]}),
+              await gateway.client.post("/admin/direct", json={"prompt": "x",
+                                                               "max_tokens": 10_000}),
+              await gateway.client.post("/admin/direct", json={"prompt": "x", "model": "m"})]
+    assert [e.status_code for e in errors] == [400, 400, 400, 404]
+    assert errors[0].json()["error"]["param"] == "device"
+    assert errors[2].json()["error"]["code"] == "context_length_exceeded"

@@ -46,8 +46,8 @@ def test_overheads_are_server_minus_direct_medians() -> None:
     config = ProbeConfig(out=Path("x"), prompt_tokens=(16,), max_tokens=(1, 4))
     direct = [_direct((16, 1), 0.010, 0.010), _direct((16, 1), 0.012, 0.012),
               _direct((16, 1), 0.014, 0.014), _direct((16, 4), 0.010, 0.040)]
-    samples = [Sample((16, 1), "json", 0.0, None, 0.013),
-               Sample((16, 1), "stream", 0.0, 0.020, 0.021),
+    samples = [Sample((16, 1), "json", 0.0, None, 0.013, paired=(0.0105, 0.0105)),
+               Sample((16, 1), "stream", 0.0, 0.020, 0.021, paired=(0.016, 0.017)),
                Sample((16, 4), "json", 0.0, None, 0.060),
                Sample((16, 4), "stream", 0.0, 0.011, 0.041)]
     summary = summarize(config, direct, samples)
@@ -58,11 +58,21 @@ def test_overheads_are_server_minus_direct_medians() -> None:
     assert rows[1, "stream"]["overhead_ms"] == pytest.approx(9.0)
     assert rows[1, "stream"]["ttft_overhead_ms"] == pytest.approx(8.0)
     assert rows[4, "json"]["overhead_ms"] == pytest.approx(20.0)
-    # the goal is judged on single-token requests, both modes: the worst is the stream's 9 ms
-    assert summary["goal"]["worst_ms"] == pytest.approx(9.0) and not summary["goal"]["met"]
+    # each request against its own chain timed in the server, then the median
+    assert rows[1, "json"]["paired_overhead_ms"] == pytest.approx(2.5)
+    assert rows[1, "json"]["paired_ttft_overhead_ms"] is None
+    assert rows[1, "stream"]["paired_overhead_ms"] == pytest.approx(4.0)
+    assert rows[1, "stream"]["paired_ttft_overhead_ms"] == pytest.approx(4.0)
+    assert rows[1, "stream"]["paired_direct_total_ms"] == pytest.approx(17.0)
+    assert rows[4, "json"]["paired_overhead_ms"] is None  # not paired
+    # the goal: single-token requests, both modes, paired: the worst is the stream's 4 ms
+    assert summary["goal"]["worst_ms"] == pytest.approx(4.0) and summary["goal"]["met"]
     text = markdown(summary)
-    assert "| 16 | 1 | stream | 12.0 | 20.0 | 12.0 | 21.0 | 9.0 |" in text
-    assert "worst 9.0 ms, MISSED" in text
+    assert "| 16 | 1 | stream | 12.0 | 20.0 | 12.0 | 21.0 | 9.0 | 17.0 | 4.0 |" in text
+    assert "worst 4.0 ms, met" in text
+    # a single-token row without pairs leaves the goal unjudged, not met
+    unpaired = summarize(config, direct, [dataclasses.replace(x, paired=None) for x in samples])
+    assert unpaired["goal"]["worst_ms"] is None and not unpaired["goal"]["met"]
     assert summary["client"] is None and "client:" not in text  # no round trips timed
     json.dumps(summary)  # what the command writes
 
@@ -110,6 +120,9 @@ def test_probe_on_slicegate(tmp_path: Path) -> None:
     for r in summary["rows"]:
         assert r["requests"] == 2 and r["direct_total_ms"] > 0 and r["server_total_ms"] > 0
         assert r["overhead_ms"] is not None
+        # each request paired with its chain timed on the server's executor thread
+        assert r["paired_direct_total_ms"] > 0 and r["paired_overhead_ms"] is not None
+        assert (r["paired_ttft_overhead_ms"] is not None) == (r["mode"] == "stream")
         assert (r["server_ttft_ms"] is not None) == (r["mode"] == "stream")
         split = r["split_ms"]
         assert split["ops"] is not None and split["ops"] > 0  # spans from /admin/timeline
