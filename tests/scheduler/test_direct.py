@@ -12,6 +12,7 @@ from models import generate as generate_module
 from scheduler.api import DirectUnavailable
 from tests.scheduler.conftest import make_scheduler
 
+
 async def test_the_chain_runs_on_the_devices_executor_thread(
         tiny_model: models.Model, monkeypatch: pytest.MonkeyPatch) -> None:
     threads: list[str] = []
