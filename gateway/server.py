@@ -78,13 +78,14 @@ def make_server(config: GatewayConfig, engine: Engine | None = None) -> GatewayS
     """A GatewayServer for `create_app(config, engine)` (not yet running)."""
     app = create_app(config, engine)
     state: AppState = app.state.gateway
-    # NOTE: httptools (a dependency), ~0.5 ms a request less than h11 with uvloop; asyncio's
-    # loop even where uvloop is installed: under overload, uvloop's let 3% and 14% of the
-    # admitted interactive requests miss their SLO in 2 runs of 4 of tests/loadgen/
-    # test_chaos.py's overload scenario, where asyncio's kept 99% in 9 runs of 9
+    # NOTE: httptools and uvloop (dependencies), ~0.5 ms a request less than h11 on asyncio's
+    # loop. Under tests/loadgen/test_chaos.py's overload scenario uvloop once let 3% and 14%
+    # of the admitted interactive requests miss their SLO (2 runs of 4); the cause was the
+    # policy holding high prefills for low-class decode steps (scheduler/policies/scoring.py
+    # `step_first`), and since its fix uvloop kept 100% in 8 runs of 8.
     uv_config = uvicorn.Config(app, host=config.server.host, port=config.server.port,
                                log_level=config.server.log_level, lifespan="on",
-                               loop="asyncio", http="httptools",
+                               loop="uvloop", http="httptools",
                                timeout_graceful_shutdown=_CANCEL_GRACE_S)
     return GatewayServer(uv_config, state.lifecycle, config.server.drain_timeout_s)
 
