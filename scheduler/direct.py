@@ -34,11 +34,10 @@ async def time_direct(execution: Execution, model: Model, devices: Sequence[str]
     def timed(on: torch.device) -> tuple[float, float]:
         return timed_request(model, prompt_ids, max_tokens, block_size, on)
 
+    if not execution.alive(name):
+        raise DirectUnavailable(f"Device {name} is down.")
     future = execution.call_on(name, timed)
     if future is None:
         raise DirectUnavailable(f"Device {name} runs no executor thread in this process.")
-    if not execution.alive(name):
-        future.cancel()
-        raise DirectUnavailable(f"Device {name} is down.")
     first, total = await asyncio.wrap_future(future)
     return DirectTiming(name, first, total)

@@ -35,11 +35,16 @@ async def test_the_chain_runs_on_the_devices_executor_thread(
     assert threads == ["exec-cpu:0"] + ["exec-cpu:1"] * 3  # one chain per token
 
 
-async def test_an_unknown_device_is_refused(tiny_model: models.Model) -> None:
+async def test_an_unknown_or_lost_device_is_refused(tiny_model: models.Model,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     sched = make_scheduler(tiny_model, "slice")
     await sched.start()
     try:
         with pytest.raises(DirectUnavailable, match="no device 'cuda:7'"):
             await sched.time_direct([1, 2], 1, device="cuda:7")
+        monkeypatch.setattr(sched.exec, "alive", lambda device: device != "cpu:1")
+        with pytest.raises(DirectUnavailable, match="cpu:1 is down"):
+            await sched.time_direct([1, 2], 1, device="cpu:1")
+        assert (await sched.time_direct([1, 2], 1)).device == "cpu:0"
     finally:
         await sched.stop()
