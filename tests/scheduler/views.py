@@ -37,6 +37,7 @@ def make_view(waiting: Iterable[RequestView] = (), runnable: Iterable[RequestVie
               steps: Iterable[tuple[Placement, Priority]] | None = None) -> RoundView:
     """`steps`: (placement, class) of each decode step in flight; by default each running
     request that is not prefilling is in a step of its own class."""
+    running = tuple(running)  # read twice below
     by_class: dict[Priority, list[RequestView]] = {p: [] for p in Priority}
     for r in waiting:
         by_class[r.priority].append(r)
@@ -44,7 +45,7 @@ def make_view(waiting: Iterable[RequestView] = (), runnable: Iterable[RequestVie
     snap = Snapshot(now, ops, devs, deadlines)
     builder = Builder(weightless().template, cfg.block_size, linear_time, xfer_time)
     return RoundView(now, cfg, DEVICES, NUM_OPS, {p: tuple(v) for p, v in by_class.items()},
-                     tuple(runnable), tuple(running), dict.fromkeys(DEVICES, free_blocks),
+                     tuple(runnable), running, dict.fromkeys(DEVICES, free_blocks),
                      dict.fromkeys(DEVICES, watermark), cfg.block_size, BLOCK_BYTES,
                      host_free_bytes, snap, load or dict.fromkeys(DEVICES, 0.0), builder,
                      prefills or {},
