@@ -181,7 +181,7 @@ async def _one(lean: LeanConnection, model: str, case: tuple[int, int], mode: st
     return Sample(case, mode, t.send_s, t.first_s, t.end_s)
 
 
-async def in_server_chain(client: httpx.AsyncClient, model: str, case: tuple[int, int],
+async def _in_server_chain(client: httpx.AsyncClient, model: str, case: tuple[int, int],
                           prompt: str) -> tuple[float, float]:
     """The request's chain timed on the server's executor thread: (first token, total) s."""
     r = await client.post("/admin/direct", headers={"Authorization": f"Bearer {ADMIN_KEY}"},
@@ -195,10 +195,12 @@ async def _paired(lean: LeanConnection, client: httpx.AsyncClient, poller: Timel
                   model: str, case: tuple[int, int], mode: str, prompt: str,
                   chain_first: bool) -> Sample:
     """One request and its chain timed in the server, in the order `chain_first` says."""
-    chain = await in_server_chain(client, model, case, prompt) if chain_first else None
+    chain = await _in_server_chain(client, model, case, prompt) if chain_first else None
     sample = await _one(lean, model, case, mode, prompt)
     await poller.poll_once()
-    sample.paired = chain or await in_server_chain(client, model, case, prompt)
+    if chain is None:
+        chain = await _in_server_chain(client, model, case, prompt)
+    sample.paired = chain
     return sample
 
 
