@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from gateway.accesslog import AccessLogMiddleware
 from gateway.batches.routes import router as batch_router
 from gateway.batches.service import BatchService
 from gateway.bodylimit import BodyLimitMiddleware
@@ -63,5 +64,6 @@ def create_app(config: GatewayConfig, engine: Engine | None = None) -> FastAPI:
     upload_limit = config.batch.max_file_bytes + _MULTIPART_SLACK_BYTES
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.server.max_body_bytes,
                        path_limits={"/v1/files": upload_limit})
-    install_error_handlers(app)  # its middleware goes outermost: ids and 500s for everything
+    install_error_handlers(app)  # its middleware: ids and 500s for everything below it
+    app.add_middleware(AccessLogMiddleware)  # outermost: it logs the 500s too
     return app

@@ -20,6 +20,7 @@ from types import FrameType
 
 import uvicorn
 
+from gateway.accesslog import QuietHttpToolsProtocol
 from gateway.app import create_app
 from gateway.config import GatewayConfig
 from gateway.engine import Engine
@@ -82,10 +83,11 @@ def make_server(config: GatewayConfig, engine: Engine | None = None) -> GatewayS
     # loop. Under tests/loadgen/test_chaos.py's overload scenario uvloop once let 3% and 14%
     # of the admitted interactive requests miss their SLO (2 runs of 4); the cause was the
     # policy holding high prefills for low-class decode steps (scheduler/policies/scoring.py
-    # `step_first`), and since its fix uvloop kept 100% in 8 runs of 8.
+    # `step_first`), and since its fix uvloop kept 100% in 8 runs of 8. The access line is
+    # written by the app once the response is out (gateway/accesslog.py), not before it.
     uv_config = uvicorn.Config(app, host=config.server.host, port=config.server.port,
                                log_level=config.server.log_level, lifespan="on",
-                               loop="uvloop", http="httptools",
+                               loop="uvloop", http=QuietHttpToolsProtocol,
                                timeout_graceful_shutdown=_CANCEL_GRACE_S)
     return GatewayServer(uv_config, state.lifecycle, config.server.drain_timeout_s)
 
