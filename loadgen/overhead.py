@@ -56,6 +56,7 @@ from loadgen.leanhttp import LeanConnection
 from loadgen.probe import TimelinePoller, first_model
 from loadgen.prompts import PromptBuilder, resolve_model_folder
 from loadgen.servers import RunningServer, ServerSpec, default_serve_cmd, free_port
+from loadgen.stats import median_interval
 from loadgen.timed_requests import RoundTrips, time_completion, time_health
 from loadgen.timeline import OpSpan
 
@@ -301,6 +302,7 @@ def summarize(config: ProbeConfig, direct: list[dict], samples: list[Sample],
                                                 if s.paired is not None]),
                 "paired_ttft_overhead_ms": _med([t for t, _ in pairs if t is not None]),
                 "paired_overhead_ms": _med([t for _, t in pairs if t is not None]),
+                "paired_overhead_ci_ms": median_interval([t for _, t in pairs if t is not None]),
                 "split_ms": {k: _med([v for sp in splits if (v := sp[k]) is not None]) for k in
                              ("before_first_op", "ops", "ops_cpu", "between_ops",
                               "after_last_op", "outside_ops")}})
@@ -318,11 +320,19 @@ def _client(trips: RoundTrips | None) -> dict[str, Any] | None:
 
 
 def _goal(rows: list[dict]) -> dict[str, Any]:
+    """Judged on the medians; `clear_misses` counts the rows whose median's 95% interval
+    lies wholly above the goal (a miss that the pairs' spread cannot explain)."""
     ones = [r for r in rows if r["max_tokens"] == 1]
     paired = [r["paired_overhead_ms"] for r in ones]
     worst = None if not ones or None in paired else max(paired)
+    clear = [r for r in ones if (ci := r.get("paired_overhead_ci_ms")) and ci[0] > GOAL_MS]
     return {"what": f"paired overhead <= {GOAL_MS} ms per request (max_tokens 1, each mode)",
-            "worst_ms": worst, "met": worst is not None and worst <= GOAL_MS}
+            "worst_ms": worst, "met": worst is not None and worst <= GOAL_MS,
+            "clear_misses": len(clear)}
+
+
+def _fmt_ci(ci: tuple[float, float] | list[float] | None) -> str:
+    return "–" if not ci else f"{ci[0]:.1f} – {ci[1]:.1f}"
 
 
 def _fmt(v: float | None) -> str:
@@ -332,8 +342,9 @@ def _fmt(v: float | None) -> str:
 def markdown(summary: dict[str, Any]) -> str:
     lines = ["| prompt | max_tokens | mode | direct TTFT ms | server TTFT ms | direct total ms "
              "| server total ms | overhead ms | in-server chain ms | paired overhead ms "
-             "| before 1st op | ops | ops' CPU | between ops | after last op | outside ops |",
-             "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| its 95% interval | before 1st op | ops | ops' CPU | between ops | after last op "
+             "| outside ops |",
+             "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
     for r in summary["rows"]:
         sp = r["split_ms"]
         lines.append(
@@ -341,12 +352,14 @@ def markdown(summary: dict[str, Any]) -> str:
             f"{_fmt(r['direct_ttft_ms'])} | {_fmt(r['server_ttft_ms'])} | "
             f"{_fmt(r['direct_total_ms'])} | {_fmt(r['server_total_ms'])} | "
             f"{_fmt(r['overhead_ms'])} | {_fmt(r['paired_direct_total_ms'])} | "
-            f"{_fmt(r['paired_overhead_ms'])} | {_fmt(sp['before_first_op'])} | "
+            f"{_fmt(r['paired_overhead_ms'])} | {_fmt_ci(r.get('paired_overhead_ci_ms'))} | "
+            f"{_fmt(sp['before_first_op'])} | "
             f"{_fmt(sp['ops'])} | {_fmt(sp['ops_cpu'])} | {_fmt(sp['between_ops'])} | "
             f"{_fmt(sp['after_last_op'])} | {_fmt(sp['outside_ops'])} |")
     g = summary["goal"]
     lines.append(f"\ngoal: {g['what']}: worst {_fmt(g['worst_ms'])} ms, "
-                 f"{'met' if g['met'] else 'MISSED'}")
+                 f"{'met' if g['met'] else 'MISSED'}; rows whose 95% interval lies above the "
+                 f"goal: {g.get('clear_misses', '–')}")
     c = summary.get("client")
     if c is not None:
         lines.append(f"client: GET /health round trip {c['lean_ms']:.2f} ms lean, "

@@ -52,3 +52,18 @@ def cdf(values: Iterable[float]) -> tuple[list[float], list[float]]:
     ordered = sorted(values)
     n = len(ordered)
     return ordered, [(i + 1) / n for i in range(n)]
+
+
+def median_interval(values: Iterable[float], z: float = 1.96) -> tuple[float, float] | None:
+    """A distribution-free confidence interval of the median (95% at the default ``z``):
+    the order statistics at 1-based ranks floor(n/2 - z*sqrt(n)/2) and
+    ceil(1 + n/2 + z*sqrt(n)/2) (the binomial's normal approximation), clipped to the
+    sample; None for fewer than 2 values."""
+    ordered = sorted(values)
+    n = len(ordered)
+    if n < 2:
+        return None
+    half = z * math.sqrt(n) / 2
+    low = max(0, math.floor(n / 2 - half) - 1)
+    high = min(n - 1, math.ceil(1 + n / 2 + half) - 1)
+    return ordered[low], ordered[high]

@@ -68,13 +68,32 @@ def test_overheads_are_server_minus_direct_medians() -> None:
     # the goal: single-token requests, both modes, paired: the worst is the stream's 4 ms
     assert summary["goal"]["worst_ms"] == pytest.approx(4.0) and summary["goal"]["met"]
     text = markdown(summary)
-    assert "| 16 | 1 | stream | 12.0 | 20.0 | 12.0 | 21.0 | 9.0 | 17.0 | 4.0 |" in text
-    assert "worst 4.0 ms, met" in text
+    assert "| 16 | 1 | stream | 12.0 | 20.0 | 12.0 | 21.0 | 9.0 | 17.0 | 4.0 | – |" in text
+    assert "worst 4.0 ms, met; rows whose 95% interval lies above the goal: 0" in text
     # a single-token row without pairs leaves the goal unjudged, not met
     unpaired = summarize(config, direct, [dataclasses.replace(x, paired=None) for x in samples])
     assert unpaired["goal"]["worst_ms"] is None and not unpaired["goal"]["met"]
     assert summary["client"] is None and "client:" not in text  # no round trips timed
     json.dumps(summary)  # what the command writes
+
+
+def test_a_miss_is_clear_only_where_the_pairs_interval_lies_above_the_goal() -> None:
+    config = ProbeConfig(out=Path("x"), prompt_tokens=(16,), max_tokens=(1,))
+    direct = [_direct((16, 1), 0.010, 0.010)]
+
+    def pairs(mode: str, extra_ms: list[float]) -> list[Sample]:
+        return [Sample((16, 1), mode, 0.0, None, 0.100 + e / 1e3, paired=(0.1, 0.1))
+                for e in extra_ms]
+
+    steady = pairs("json", [6.0 + 0.1 * i for i in range(20)])  # 6.0-7.9 ms: all above 5
+    spread = pairs("stream", [-10.0 + 1.7 * i for i in range(20)])  # -10 to 22.3 ms
+    summary = summarize(config, direct, steady + spread)
+    rows = {r["mode"]: r for r in summary["rows"]}
+    assert rows["json"]["paired_overhead_ci_ms"][0] > 5.0
+    low, high = rows["stream"]["paired_overhead_ci_ms"]
+    assert low < 5.0 < high and rows["stream"]["paired_overhead_ms"] > 5.0
+    assert not summary["goal"]["met"] and summary["goal"]["clear_misses"] == 1
+    assert "| 7.0 | 6.4 – 7.5 |" in markdown(summary)  # median 6.95; ranks 5 and 16 of 20
 
 
 def test_what_httpx_adds_is_reported_beside_the_overhead_not_taken_from_it() -> None:

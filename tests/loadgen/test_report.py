@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from loadgen.report import (
     tokens_within,
     write_report,
 )
-from loadgen.stats import cdf, distribution, percentile
+from loadgen.stats import cdf, distribution, median_interval, percentile
 from loadgen.timeline import (
     OpSpan,
     busy_intervals,
@@ -57,6 +58,19 @@ def test_percentiles_interpolate_linearly() -> None:
     assert distribution([]).to_json() == {
         "count": 0, "mean": None, "p50": None, "p90": None, "p99": None, "max": None}
     assert cdf([3, 1, 2]) == ([1, 2, 3], [1 / 3, 2 / 3, 1.0])
+
+
+def test_the_median_interval_covers_the_median_about_95_times_in_100() -> None:
+    assert median_interval([]) is None and median_interval([1.0]) is None
+    assert median_interval(range(40)) == (12, 27)  # ranks 13 and 28 of 40
+    assert median_interval([5.0, 1.0, 3.0]) == (1.0, 5.0)  # clipped to the sample
+    rng = random.Random(0)
+    covered = 0
+    for _ in range(400):
+        interval = median_interval([rng.gauss(0.0, 1.0) for _ in range(60)])
+        assert interval is not None
+        covered += interval[0] <= 0.0 <= interval[1]
+    assert 0.92 <= covered / 400 <= 0.99
 
 
 def test_slo_attainment_judges_failures_and_long_waits() -> None:
