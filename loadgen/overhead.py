@@ -55,6 +55,7 @@ from loadgen.client import CompletionCall
 from loadgen.leanhttp import LeanConnection
 from loadgen.probe import TimelinePoller, first_model
 from loadgen.prompts import PromptBuilder, resolve_model_folder
+from loadgen.quiet import Profiling, profiling, until_quiet, wait_quiet
 from loadgen.servers import RunningServer, ServerSpec, default_serve_cmd, free_port
 from loadgen.stats import median_interval
 from loadgen.timed_requests import RoundTrips, time_completion, time_health
@@ -63,6 +64,7 @@ from loadgen.timeline import OpSpan
 API_KEY, ADMIN_KEY = "sk-probe-1", "sk-probe-admin"
 MODES = ("json", "stream")
 GOAL_MS = 5.0  # per-request overhead at idle, each mode
+MAX_REDONE = 50  # pairs timed again in a round (a background profile ran): then kept
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,46 +208,45 @@ async def _paired(lean: LeanConnection, client: httpx.AsyncClient, poller: Timel
 
 
 async def _server_round(config: ProbeConfig, url: str, prompts: list[tuple[tuple[int, int], str]]
-                        ) -> tuple[list[Sample], RoundTrips]:
+                        ) -> tuple[list[Sample], RoundTrips, int]:
+    """The round's samples, its `GET /health` round trips, and how many pairs were timed
+    again because a background profile ran during them."""
     samples: list[Sample] = []
+    redone = 0
     address = httpx.URL(url)
     async with (httpx.AsyncClient(base_url=url, timeout=300.0) as client,
                 LeanConnection(address.host, address.port or 80) as lean):
         model = await first_model(client, API_KEY)
         # NOTE: the server runs on this host (`_server`): one clock, no offset to estimate
         poller = TimelinePoller(client, ADMIN_KEY, time.monotonic(), same_clock=True)
+        state = await until_quiet(client)
         for mode in MODES:
             for i, (case, prompt) in enumerate(prompts):
-                samples.append(await _paired(lean, client, poller, model, case, mode, prompt,
-                                             chain_first=i % 2 == 1))
+                while True:
+                    sample = await _paired(lean, client, poller, model, case, mode, prompt,
+                                           chain_first=i % 2 == 1)
+                    before, state = state, await profiling(client)
+                    if not _profiled_during(before, state) or redone >= MAX_REDONE:
+                        break
+                    redone += 1
+                    state = await until_quiet(client)
+                samples.append(sample)
         trips = await time_health(client, lean, config.health_round_trips)
     for s in samples:
         s.spans = [p for p in poller.spans if s.send_s <= p.start_s and p.end_s <= s.end_s]
-    return samples, trips
+    return samples, trips, redone
+
+
+def _profiled_during(before: Profiling, after: Profiling) -> bool:
+    """Whether a background profile ran between two reads of `/metrics` (`before` read
+    while none ran): one runs now, or one more has ended."""
+    return after.running or after.done != before.done
 
 
 def _prompts(builder: PromptBuilder, config: ProbeConfig, round_: int,
              count: int) -> list[tuple[tuple[int, int], str]]:
     return [(case, builder.text(case[0], f"probe-{round_}-{case}-{i}"))
             for case in config.cases() for i in range(count)]
-
-
-QUIET_POLL_S = 0.5
-QUIET_TIMEOUT_S = 600.0
-
-
-def wait_quiet(url: str, timeout_s: float = QUIET_TIMEOUT_S) -> float:
-    """Wait while the server says a background profile runs (`/metrics`); -> seconds waited.
-
-    NOTE: its ops share the cores with `direct`'s process and the server's own ops, so
-    a round timed beside one measures the re-profile, not the path."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        text = httpx.get(f"{url}/metrics", timeout=30).text
-        if "slicegate_estimator_reprofiling 1.0" not in text:
-            break
-        time.sleep(QUIET_POLL_S)
-    return time.monotonic() - t0
 
 
 def run_probe(config: ProbeConfig) -> dict[str, Any]:
@@ -261,16 +262,19 @@ def run_probe(config: ProbeConfig) -> dict[str, Any]:
         server.wait_ready()
         asyncio.run(_server_round(config, server.spec.url,
                                   _prompts(builder, config, -1, config.warmup)))
+        redone = 0
         for r in range(config.rounds):
             prompts = _prompts(builder, config, r, config.requests)
             waited.append(wait_quiet(server.spec.url))
             direct += run_direct(config, prompts)
             waited.append(wait_quiet(server.spec.url))
-            round_samples, round_trips = asyncio.run(
+            round_samples, round_trips, round_redone = asyncio.run(
                 _server_round(config, server.spec.url, prompts))
             samples += round_samples
+            redone += round_redone
             trips.extend(round_trips)
-    return {**summarize(config, direct, samples, trips), "quiet_waits_s": waited}
+    return {**summarize(config, direct, samples, trips), "quiet_waits_s": waited,
+            "pairs_redone": redone}
 
 
 def _med(xs: list[float]) -> float | None:
@@ -360,6 +364,9 @@ def markdown(summary: dict[str, Any]) -> str:
     lines.append(f"\ngoal: {g['what']}: worst {_fmt(g['worst_ms'])} ms, "
                  f"{'met' if g['met'] else 'MISSED'}; rows whose 95% interval lies above the "
                  f"goal: {g.get('clear_misses', '–')}")
+    if "pairs_redone" in summary:
+        lines.append(f"pairs timed again (a background profile ran during them): "
+                     f"{summary['pairs_redone']}")
     c = summary.get("client")
     if c is not None:
         lines.append(f"client: GET /health round trip {c['lean_ms']:.2f} ms lean, "
