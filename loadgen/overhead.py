@@ -44,7 +44,9 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -222,19 +224,31 @@ async def _server_round(config: ProbeConfig, url: str, prompts: list[tuple[tuple
         state = await until_quiet(client)
         for mode in MODES:
             for i, (case, prompt) in enumerate(prompts):
-                while True:
-                    sample = await _paired(lean, client, poller, model, case, mode, prompt,
-                                           chain_first=i % 2 == 1)
-                    before, state = state, await profiling(client)
-                    if not _profiled_during(before, state) or redone >= MAX_REDONE:
-                        break
-                    redone += 1
-                    state = await until_quiet(client)
+                pair = partial(_paired, lean, client, poller, model, case, mode, prompt,
+                               chain_first=i % 2 == 1)
+                sample, state, again = await _clear_of_profiles(client, pair, state,
+                                                                MAX_REDONE - redone)
                 samples.append(sample)
+                redone += again
         trips = await time_health(client, lean, config.health_round_trips)
     for s in samples:
         s.spans = [p for p in poller.spans if s.send_s <= p.start_s and p.end_s <= s.end_s]
     return samples, trips, redone
+
+
+async def _clear_of_profiles(client: httpx.AsyncClient, pair: Callable[[], Awaitable[Sample]],
+                             state: Profiling, most: int) -> tuple[Sample, Profiling, int]:
+    """`pair` timed (again, up to `most` more times) until no background profile ran during
+    it; `state` is what `/metrics` said before, with none running. -> the sample, what
+    `/metrics` says after it, and how many times it was timed again."""
+    again = 0
+    while True:
+        sample = await pair()
+        before, state = state, await profiling(client)
+        if not _profiled_during(before, state) or again >= most:
+            return sample, state, again
+        again += 1
+        state = await until_quiet(client)
 
 
 def _profiled_during(before: Profiling, after: Profiling) -> bool:

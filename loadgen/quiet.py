@@ -38,16 +38,17 @@ def parse(text: str) -> Profiling:
 
 
 def wait_quiet(url: str, timeout_s: float = QUIET_TIMEOUT_S) -> float:
-    """Wait while the server says a background profile runs; -> seconds waited.
+    """`until_quiet` from synchronous code, on a client of its own; -> seconds waited.
 
-    NOTE: its ops share the cores with `direct`'s process and the server's own ops, so
-    a round timed beside one measures the re-profile, not the path."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        if not parse(httpx.get(f"{url}/metrics", timeout=30).text).running:
-            break
-        time.sleep(QUIET_POLL_S)
-    return time.monotonic() - t0
+    NOTE: a background profile's ops share the cores with `direct`'s process and the
+    server's own ops, so a round timed beside one measures the re-profile, not the path."""
+    async def wait() -> float:
+        t0 = time.monotonic()
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            await until_quiet(client, timeout_s)
+        return time.monotonic() - t0
+
+    return asyncio.run(wait())
 
 
 async def profiling(client: httpx.AsyncClient) -> Profiling:

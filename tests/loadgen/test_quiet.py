@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from loadgen import quiet
-from loadgen.overhead import _profiled_during
+from loadgen.overhead import Sample, _clear_of_profiles, _profiled_during
 from loadgen.quiet import Profiling, parse, until_quiet, wait_quiet
 
 METRICS = """# HELP slicegate_estimator_reprofiling 1 while a background profile runs
@@ -33,6 +33,34 @@ def test_a_pair_is_timed_again_when_a_profile_started_or_ended_during_it() -> No
     assert not _profiled_during(quiet_before, Profiling(False, 2.0))
     assert _profiled_during(quiet_before, Profiling(True, 2.0))  # started
     assert _profiled_during(quiet_before, Profiling(False, 3.0))  # started and ended
+
+
+async def test_a_pair_a_profile_ran_beside_is_timed_again_once_it_is_over(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # after the 1st timing a profile runs; waited out (it ends: 2 done); the 2nd is clear
+    answers = iter([("1.0", "1.0"), ("1.0", "1.0"), ("0.0", "2.0"), ("0.0", "2.0")])
+    timed: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        running, cpu = next(answers)
+        return httpx.Response(200, text=METRICS.format(running=running, cpu=cpu))
+
+    async def pair() -> Sample:
+        timed.append(len(timed))
+        return Sample((16, 1), "json", float(len(timed)), None, 2.0)
+
+    monkeypatch.setattr(quiet, "QUIET_POLL_S", 0.001)
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler),
+                                 base_url="http://server") as client:
+        sample, state, again = await _clear_of_profiles(client, pair, Profiling(False, 2.0), 5)
+    assert (timed, sample.send_s, again) == ([0, 1], 2.0, 1)
+    assert state == Profiling(False, 3.0)
+    # with no redo left, the first timing is kept
+    answers = iter([("1.0", "1.0")])
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler),
+                                 base_url="http://server") as client:
+        sample, _, again = await _clear_of_profiles(client, pair, Profiling(False, 2.0), 0)
+    assert (sample.send_s, again) == (3.0, 0)
 
 
 async def test_until_quiet_polls_until_no_profile_runs(monkeypatch: pytest.MonkeyPatch) -> None:
