@@ -30,12 +30,12 @@ async def time_direct(execution: Execution, model: Model, devices: Sequence[str]
     if name not in devices:
         raise DirectUnavailable(f"This server has no device {name!r}; it has "
                                 f"{', '.join(devices)}.")
+    if not execution.alive(name):
+        raise DirectUnavailable(f"Device {name} is down.")
 
     def timed(on: torch.device) -> tuple[float, float]:
         return timed_request(model, prompt_ids, max_tokens, block_size, on)
 
-    if not execution.alive(name):
-        raise DirectUnavailable(f"Device {name} is down.")
     future = execution.call_on(name, timed)
     if future is None:
         raise DirectUnavailable(f"Device {name} runs no executor thread in this process.")
