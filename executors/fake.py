@@ -3,7 +3,7 @@
 A `VirtualCluster` owns the clock and a `FakeExecutor` per device. An op takes
 exactly `op.est_s` of virtual time, transfer halves (RECV, SEND) included,
 unless the cluster has an `Interference` model (below). The rules, which
-`scheduler.simulator` must reproduce on a fixed graph:
+`scheduler.sim.simulator` must reproduce on a fixed graph:
 
 - **Issue.** `enqueue(op)` at virtual time `now`: state ISSUED, `issued_at = now`
   unless already set (`dispatch.mark_issued`; a finished op is reset for a retry).
@@ -216,7 +216,7 @@ class VirtualCluster:
 
     def _retime(self) -> None:
         """Re-time the running ops of every host whose running classes changed (see the
-        module docstring; `scheduler.simulator` does the same)."""
+        module docstring; `scheduler.sim.simulator` does the same)."""
         assert self.interference is not None
         for host in self._hosts:
             if not host.dirty:

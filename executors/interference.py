@@ -9,7 +9,7 @@ Progress is fluid: an op advances at `1 / slowdown` of its solo speed, and its
 slowdown is re-evaluated whenever the classes running on its host change. Its
 remaining work is kept in solo seconds; `settle` advances it to a new time and
 `finish_at` gives the completion under the current slowdown. The fake
-executors (`executors.fake`) and the simulator (`scheduler.simulator`) both
+executors (`executors.fake`) and the simulator (`scheduler.sim.simulator`) both
 apply this module, with the same arithmetic in the same order, so they agree
 exactly.
 """

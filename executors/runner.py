@@ -25,7 +25,7 @@ class ModelRunner:
         self.devices = devices
         self.kv = kv
         self.ledgers = ledgers
-        # (device, op index) -> a replica's own copy of the operator (scheduler/actuation.py)
+        # (device, op index) -> a replica's own copy of the operator (scheduler/core/actuation.py)
         self.replica_ops: dict[tuple[str, int], Any] = {}
 
     def __call__(self, op: OpInstance) -> Any:

@@ -29,8 +29,8 @@ from gateway.streaming import EventStreamResponse, first_delta, sse_body
 from gateway.tenants import Tenant, effective_priority
 from models.sampling_params import SamplingParams
 from scheduler.api import NO_DEVICE
-from scheduler.ieg import Request as SchedulerRequest
-from scheduler.ieg import SubmitError
+from scheduler.core.ieg import Request as SchedulerRequest
+from scheduler.core.ieg import SubmitError
 
 _T = TypeVar("_T")
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"; never seen by it

@@ -125,7 +125,7 @@ class SchedulerSettings:
     swap_space_gib: float = 4.0  # host memory for preempted requests' KV (0: recompute)
     kv_admission: str = "on-demand"  # or "full": reserve prompt + max_tokens at admission
     prefix_cache: bool = True  # share cached KV blocks of equal prompt prefixes
-    # waiting-queue bounds (scheduler/admission.py): N (each class and the total) or
+    # waiting-queue bounds (scheduler/core/admission.py): N (each class and the total) or
     # "high=N,normal=N,low=N,total=N" (any of them); None = the scheduler's defaults
     max_queued_requests: Any = None
     max_queued_tokens: Any = None  # prompt tokens, same forms

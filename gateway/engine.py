@@ -18,12 +18,12 @@ from gateway.config import GatewayConfig, SchedulerSettings
 from gateway.sampling_defaults import SamplingDefaults, load_sampling_defaults
 from models.loader import load
 from models.warmup import warm_rows
-from scheduler import firstrows
 from scheduler.api import SchedulerAPI
 from scheduler.config import SchedulerConfig
-from scheduler.execution import cpu_threads, default_factory
+from scheduler.core.execution import cpu_threads, default_factory
+from scheduler.core.faults import faulty
+from scheduler.cost import firstrows
 from scheduler.factory import build_scheduler, parse_devices
-from scheduler.faults import faulty
 
 if TYPE_CHECKING:
     from models import Model
@@ -36,7 +36,7 @@ class Engine:
     """A tokenizer and a `SchedulerAPI` for one served model.
 
     The gateway tokenizes, applies the chat template and detokenizes with
-    `tokenizer`, and submits `scheduler.ieg.Request`s to `scheduler`.
+    `tokenizer`, and submits `scheduler.core.ieg.Request`s to `scheduler`.
     """
 
     tokenizer: PreTrainedTokenizerBase

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from scheduler.ieg import Request, TokenEvent
+from scheduler.core.ieg import Request, TokenEvent
 
 NO_DEVICE = "no device is available"  # starts the error of requests ended by it (HTTP 503)
 ROUND_BUCKETS_S = (1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5)
@@ -53,9 +53,9 @@ class SchedulerStats:
     slowdown: dict[tuple[str, str], float] = field(default_factory=dict)  # (op class, class
     # running beside it on another device of the host) -> co-location slowdown
     first_token_factor: dict[str, float] = field(default_factory=dict)  # placement kind ->
-    # measured / predicted first-token wait of its recent plans (scheduler/calibration.py)
+    # measured / predicted first-token wait of its recent plans (scheduler/round/calibration.py)
     fairness_jain: dict[str, float] = field(default_factory=dict)  # class -> Jain's index of
-    # the tokens each of its tenants was served (scheduler/fairness.py)
+    # the tokens each of its tenants was served (scheduler/core/fairness.py)
     queued_tokens: dict[str, int] = field(default_factory=dict)  # class -> prompt tokens waiting
     errors_total: int = 0  # exceptions caught in rounds and completion handlers, cumulative
     healthy: bool = True  # False while rounds keep failing, or once the task or an executor died

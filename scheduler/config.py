@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from executors.types import Priority
-from scheduler.admission import QueueLimits
+from scheduler.core.admission import QueueLimits
 
 PROVISIONING = ("off", "opscale", "model")
 
@@ -17,7 +17,7 @@ class SchedulerConfig:
     max_batch_tokens: int = 2048  # prefill tokens per plan
     max_decode_seqs: int = 64  # sequences per decode plan
     max_model_len: int = 2048
-    # NOTE: admission by work (scheduler/admission.py): each class's waiting queue holds at
+    # NOTE: admission by work (scheduler/core/admission.py): each class's waiting queue holds at
     # most this many requests and prompt tokens; all classes together at most the totals
     # (None: no total), beyond which a higher class evicts the newest of the lowest.
     queue_capacity: dict[Priority, int] = field(default_factory=lambda: {
@@ -49,8 +49,8 @@ class SchedulerConfig:
     # NOTE: rounds that raise outside any request's decision are retried with a backoff;
     # after this many in a row, the requests not in flight end with a server error.
     max_failed_rounds: int = 3
-    # operator-level provisioning (scheduler/provisioning.py): "off" (every device holds every
-    # operator), "opscale" (replicas of single operators sized by queueing every
+    # operator-level provisioning (scheduler/provisioning/planning.py): "off" (every device
+    # holds every operator), "opscale" (replicas of single operators sized by queueing every
     # `provision_interval_s`) or "model" (whole-model replicas every `model_interval_s`)
     provisioning: str = "off"
     provision_interval_s: float = 1.0

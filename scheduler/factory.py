@@ -9,13 +9,13 @@ import torch
 from executors.interference import Interference
 from executors.types import Device
 from models.loader import Model
-from scheduler import simloop
 from scheduler.config import SchedulerConfig
-from scheduler.estimators import FALLBACK_BANDWIDTH_BYTES_S, FALLBACK_MARGIN, Estimators
-from scheduler.execution import ExecutorFactory
-from scheduler.profiling import cpu_hosts, fallback_coefficients, load_or_profile
-from scheduler.reprofile import PairProfiler
-from scheduler.scheduler import Scheduler
+from scheduler.core.execution import ExecutorFactory
+from scheduler.core.scheduler import Scheduler
+from scheduler.cost.estimators import FALLBACK_BANDWIDTH_BYTES_S, FALLBACK_MARGIN, Estimators
+from scheduler.cost.profiling import cpu_hosts, fallback_coefficients, load_or_profile
+from scheduler.cost.reprofile import PairProfiler
+from scheduler.sim import native as simloop
 
 _DEVICE = re.compile(r"^([^/\s]+/)?(cuda|cpu):\d+$")
 RAY_ALL = "ray:all"  # every device of a Ray cluster (executors/ray_cluster.py)

@@ -16,7 +16,7 @@ cost per token of a batched decode step (`OpSpec.decode_token_s`).
 
 NOTE: this is not the scheduler's rounds (an hour at 64 devices through them
 would take hours on two cores); it is the queueing the provisioner has to
-size, driven by the same planning functions (`scheduler.provisioning`) the
+size, driven by the same planning functions (`scheduler.provisioning.planning`) the
 scheduler calls, with the same replica rules: a replica takes work once its
 weight copy (an op on its device, at the top class) is done, and a removed one
 is freed once no queued op and no request's KV needs it.
@@ -31,8 +31,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from scheduler.provisioning import Cluster, OpLoad, plan_model, plan_opscale
-from scheduler.replicas import Change
+from scheduler.memory.replicas import Change
+from scheduler.provisioning.planning import Cluster, OpLoad, plan_model, plan_opscale
 
 COPY, PREFILL, DECODE = 0, 1, 2  # op classes, highest first
 

@@ -31,9 +31,9 @@ from executors.types import Device
 from models.cpu import torch_threads
 from models.loader import Model, load
 from scheduler.bench.machine import capability_line, load_average, machine_line
-from scheduler.estimators import Estimators
-from scheduler.oprunner import CLOCKS, Case, Clock, ShapeRunner, time_copies
-from scheduler.profiling import Sweep, native_rows, profile
+from scheduler.cost.estimators import Estimators
+from scheduler.cost.oprunner import CLOCKS, Case, Clock, ShapeRunner, time_copies
+from scheduler.cost.profiling import Sweep, native_rows, profile
 
 GOAL_MAPE, GOAL_COV_FACTOR = 0.03, 1.5  # operators: MAPE <= max(3%, 1.5 x sample CoV)
 PAPER = {"operators": {"mape": 0.0032, "cov": 0.0062},

@@ -25,9 +25,9 @@ from models.kv_cache import KVCache, blocks_for
 from models.loader import Model, load
 from models.sampling_params import SamplingParams
 from scheduler.config import SchedulerConfig
+from scheduler.core.ieg import Request
+from scheduler.core.scheduler import Scheduler
 from scheduler.factory import build_scheduler, parse_devices
-from scheduler.ieg import Request
-from scheduler.scheduler import Scheduler
 
 GREEDY = SamplingParams(temperature=0, max_tokens=1)
 

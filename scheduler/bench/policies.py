@@ -27,11 +27,11 @@ from loadgen.traces import TraceRequest, load_trace
 from models.loader import Model, load
 from models.sampling_params import SamplingParams
 from scheduler.config import SchedulerConfig
-from scheduler.estimators import Estimators
+from scheduler.core.ieg import Request
+from scheduler.core.scheduler import Scheduler
+from scheduler.cost.estimators import Estimators
+from scheduler.cost.profiling import load_or_profile
 from scheduler.factory import build_scheduler, parse_devices
-from scheduler.ieg import Request
-from scheduler.profiling import load_or_profile
-from scheduler.scheduler import Scheduler
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,10 +36,10 @@ from scheduler.bench.clustersim import Chain, Job, OpSpec, Result, SimConfig, p_
 from scheduler.bench.clustersim import simulate_cluster as run_sim
 from scheduler.bench.machine import capability_line, load_average, machine_line
 from scheduler.config import SchedulerConfig
-from scheduler.estimators import Estimators
+from scheduler.cost.estimators import Estimators
+from scheduler.cost.profiling import load_or_profile
 from scheduler.factory import build_scheduler
-from scheduler.profiling import load_or_profile
-from scheduler.provisioning import plan_opscale
+from scheduler.provisioning.planning import plan_opscale
 
 MODES = ("off", "model", "opscale")
 MODEL_UTILS = (0.6, 0.4, 0.3, 0.2)  # the model-level baseline swept to reach opscale's SLO

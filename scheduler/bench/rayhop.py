@@ -23,8 +23,8 @@ from models.loader import Model
 from scheduler.bench.machine import capability_line, machine_line
 from scheduler.bench.overhead import _scheduled, one_thread
 from scheduler.config import SchedulerConfig
+from scheduler.core.scheduler import Scheduler
 from scheduler.factory import build_scheduler, parse_devices
-from scheduler.scheduler import Scheduler
 
 NODE = "slicegate-bench"  # the custom resource of the local node the actor is pinned to
 

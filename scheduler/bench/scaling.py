@@ -22,8 +22,8 @@ from pathlib import Path
 from executors.types import Priority
 from scheduler.bench.machine import capability_line, machine_line
 from scheduler.bench.simulator import CHAIN, synthetic_gmg
-from scheduler.gmg import SimOp, Snapshot
-from scheduler.simulator import Candidate, simulate
+from scheduler.sim.gmg import SimOp, Snapshot
+from scheduler.sim.simulator import Candidate, simulate
 
 OP_S = 5e-3  # a candidate's operators: 5 ms each (the synthetic graph's are 1-20 ms)
 

@@ -5,7 +5,7 @@ every device on one host and each op class slowed by each other class by its own
 (`SYNTHETIC_SLOWDOWN`: the fluid co-location path a live `cpu:0` + `cpu:1` deployment
 takes once profiling measured slowdowns; factors that differ by class make ops re-time
 as the classes running beside them change), each through the C loop the scheduler runs
-(`scheduler.simloop`) and through the Python loops beside it. The round replay and the
+(`scheduler.sim.native`) and through the Python loops beside it. The round replay and the
 accuracy run use the profiled model.
 """
 
@@ -26,23 +26,23 @@ from executors.types import Device, OpInstance, OpRole, Priority
 from models.batch import BatchShape
 from models.loader import Model, load
 from models.sampling_params import SamplingParams
-from scheduler import simloop
 from scheduler.bench.machine import capability_line, load_average, machine_line
 from scheduler.bench.policies import Workload, run_policy
 from scheduler.config import SchedulerConfig
-from scheduler.decision import Admission
-from scheduler.estimators import Estimators
+from scheduler.core.ieg import Request
+from scheduler.core.scheduler import Scheduler
+from scheduler.core.state import RequestState
+from scheduler.cost.estimators import Estimators
+from scheduler.cost.profiling import load_or_profile
 from scheduler.factory import build_scheduler, parse_devices
-from scheduler.gmg import GMG
-from scheduler.ieg import Request
-from scheduler.kv import KVManager
-from scheduler.plan import Feed, Plan, to_candidate
+from scheduler.memory.kv import KVManager
 from scheduler.policies.common import split
 from scheduler.policies.slice import Recorder, SlicePolicy
-from scheduler.profiling import load_or_profile
-from scheduler.scheduler import Scheduler
-from scheduler.simulator import Candidate, simulate
-from scheduler.state import RequestState
+from scheduler.round.decision import Admission
+from scheduler.round.plan import Feed, Plan, to_candidate
+from scheduler.sim import native as simloop
+from scheduler.sim.gmg import GMG
+from scheduler.sim.simulator import Candidate, simulate
 
 SHAPE = BatchShape(64, 4, 4, 4096, 256)
 CHAIN = ("embed", *(f"layers[{5 * k}:{5 * k + 5}]" for k in range(6)), "head")  # a plan's ops

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from scheduler.decision import RoundDecision
 from scheduler.policies.greedy import FcfsPolicy, PriorityPolicy, StaticPolicy
 from scheduler.policies.slice import SlicePolicy
-from scheduler.view import RoundView
+from scheduler.round.decision import RoundDecision
+from scheduler.round.view import RoundView
 
 
 class Policy(Protocol):

@@ -7,10 +7,10 @@ from collections import defaultdict, deque
 from collections.abc import Callable, Mapping
 
 from executors.types import Priority
-from scheduler.draft import Draft
-from scheduler.plan import Feed, Plan
-from scheduler.requestview import Placement, RequestView
-from scheduler.view import RoundView
+from scheduler.round.draft import Draft
+from scheduler.round.plan import Feed, Plan
+from scheduler.round.requestview import Placement, RequestView
+from scheduler.round.view import RoundView
 
 PriorityOf = Callable[[RequestView], Priority]
 
@@ -145,7 +145,7 @@ def preempt_for(draft: Draft, device: str, req: RequestView) -> int:
 
 def fair_order(waiting: list[RequestView], service: Mapping[str, float]) -> list[RequestView]:
     """Waiting requests of one class, tenant by tenant in the order of their virtual token
-    counters (`service`: tenant -> tokens served, scheduler/fairness.py), each tenant's own
+    counters (`service`: tenant -> tokens served, scheduler/core/fairness.py), each tenant's own
     in arrival order; a request taken charges its prompt to its tenant for the rest of the
     order, so one round does not hand the whole class to the least-served tenant."""
     by_tenant: dict[str, deque[RequestView]] = defaultdict(deque)

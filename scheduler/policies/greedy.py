@@ -9,9 +9,6 @@ least-loaded device where their KV fits.
 from __future__ import annotations
 
 from executors.types import Priority
-from scheduler.decision import RoundDecision
-from scheduler.draft import Draft
-from scheduler.plan import Feed, Plan
 from scheduler.policies.common import (
     decode_plans,
     fair_order,
@@ -20,8 +17,11 @@ from scheduler.policies.common import (
     prefill_feed,
     single,
 )
-from scheduler.requestview import RequestView
-from scheduler.view import RoundView
+from scheduler.round.decision import RoundDecision
+from scheduler.round.draft import Draft
+from scheduler.round.plan import Feed, Plan
+from scheduler.round.requestview import RequestView
+from scheduler.round.view import RoundView
 
 Feeds = dict[str, list[Feed]]  # device -> the prefill feeds of its next plan
 

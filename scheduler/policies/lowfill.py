@@ -9,11 +9,11 @@ from functools import partial
 
 from executors.types import Priority
 from models.batch import BatchShape
-from scheduler.draft import Draft
-from scheduler.plan import Feed, Plan
 from scheduler.policies.common import fair_order, placed, prefill_feed
 from scheduler.policies.scoring import harmless, prefilling
-from scheduler.requestview import Placement, RequestView
+from scheduler.round.draft import Draft
+from scheduler.round.plan import Feed, Plan
+from scheduler.round.requestview import Placement, RequestView
 
 
 def fill_low(draft: Draft) -> None:

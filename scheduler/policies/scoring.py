@@ -8,11 +8,11 @@ from collections import Counter
 from dataclasses import dataclass
 
 from executors.types import Priority
-from scheduler.calibration import kind_of
-from scheduler.draft import Draft
-from scheduler.plan import Feed, Plan
-from scheduler.requestview import Placement, RequestView
-from scheduler.simulator import Prediction
+from scheduler.round.calibration import kind_of
+from scheduler.round.draft import Draft
+from scheduler.round.plan import Feed, Plan
+from scheduler.round.requestview import Placement, RequestView
+from scheduler.sim.simulator import Prediction
 
 
 @dataclass(slots=True)
@@ -80,7 +80,7 @@ def decode_delay(draft: Draft, plan: Plan, pred: Prediction) -> float:
 
 def expected(draft: Draft, plan: Plan, first: float) -> float:
     """A predicted first token `first` of `plan`, its wait scaled by the measured / predicted
-    ratio of plans of its placement kind (scheduler/calibration.py)."""
+    ratio of plans of its placement kind (scheduler/round/calibration.py)."""
     kind = kind_of(plan.placement, len(plan.chunks))
     now = draft.view.now
     return now + (first - now) * draft.view.first_token_factors.get(kind, 1.0)

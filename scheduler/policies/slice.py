@@ -27,10 +27,6 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from executors.types import Priority
-from scheduler.decision import RoundDecision
-from scheduler.draft import Draft
-from scheduler.gmg import Snapshot
-from scheduler.plan import Feed, Plan
 from scheduler.policies.common import (
     chunk_feeds,
     decode_plans,
@@ -50,9 +46,13 @@ from scheduler.policies.scoring import (
     score,
     step_first,
 )
-from scheduler.requestview import Placement, RequestView
-from scheduler.simulator import Candidate, Prediction, simulate
-from scheduler.view import RoundView
+from scheduler.round.decision import RoundDecision
+from scheduler.round.draft import Draft
+from scheduler.round.plan import Feed, Plan
+from scheduler.round.requestview import Placement, RequestView
+from scheduler.round.view import RoundView
+from scheduler.sim.gmg import Snapshot
+from scheduler.sim.simulator import Candidate, Prediction, simulate
 
 CHUNK_COUNTS = (2, 4)  # chunked-pipeline candidates
 MIN_PIPELINE_TOKENS = 128  # shorter prompts are not worth a split

@@ -23,7 +23,7 @@ from gateway.config import GatewayConfig, SchedulerSettings, ServerSettings
 from gateway.engine import Engine, eos_ids
 from gateway.server import make_server
 from gateway.tenants import TenantsConfig, parse_tenants
-from scheduler.fake import FakeConfig, FakeScheduler
+from scheduler.testing.fake import FakeConfig, FakeScheduler
 
 MAX_MODEL_LEN = 256
 MODEL = "tiny"

@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from scheduler.fake import FakeScheduler
-from scheduler.ieg import Overloaded, Request, TokenEvent
+from scheduler.core.ieg import Overloaded, Request, TokenEvent
+from scheduler.testing.fake import FakeScheduler
 from tests.gateway.harness import (
     MAX_MODEL_LEN,
     MODEL,

@@ -29,7 +29,7 @@ import sys
 from gateway.config import GatewayConfig, SchedulerSettings, ServerSettings
 from gateway.engine import Engine, eos_ids, load_tokenizer
 from gateway.server import serve
-from scheduler.fake import FakeConfig, FakeScheduler
+from scheduler.testing.fake import FakeConfig, FakeScheduler
 
 tokenizer = load_tokenizer(sys.argv[1])
 fake = FakeScheduler(FakeConfig(vocab_size=len(tokenizer), token_delay_s=0.03,

@@ -13,8 +13,8 @@ from gateway.engine import scheduler_config
 from gateway.metrics import GatewayMetrics
 from gateway.tenants import parse_tenants
 from scheduler.api import SchedulerStats
-from scheduler.fake import FakeScheduler
-from scheduler.ieg import Overloaded, Request, TokenEvent
+from scheduler.core.ieg import Overloaded, Request, TokenEvent
+from scheduler.testing.fake import FakeScheduler
 from tests.gateway.harness import EngineFactory, make_config, running
 
 

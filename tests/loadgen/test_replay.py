@@ -25,7 +25,7 @@ from loadgen.prompts import PromptBuilder
 from loadgen.replay import ReplayConfig, replay
 from loadgen.report import build_report
 from loadgen.workload import parse_tenants
-from scheduler.fake import FakeConfig, FakeScheduler
+from scheduler.testing.fake import FakeConfig, FakeScheduler
 
 TENANTS_YAML = """\
 admin_keys: [sk-admin]

@@ -22,8 +22,8 @@ from models.loader import Model
 from models.sampling_params import SamplingParams
 from models.skeleton import skeleton
 from scheduler.config import SchedulerConfig
-from scheduler.ieg import FinishReason, Overloaded, Request
-from scheduler.scheduler import Scheduler
+from scheduler.core.ieg import FinishReason, Overloaded, Request
+from scheduler.core.scheduler import Scheduler
 from tests.scheduler.conftest import linear_time, xfer_time
 from tests.scheduler.kvcheck import KVCheckModel
 

@@ -5,9 +5,9 @@ import pytest
 import models
 from executors.types import Device
 from models.batch import BatchShape
-from scheduler import firstrows
 from scheduler.config import SchedulerConfig
-from scheduler.scheduler import Scheduler
+from scheduler.core.scheduler import Scheduler
+from scheduler.cost import firstrows
 
 
 def linear_time(device: str, name: str, shape: BatchShape) -> float:

@@ -7,8 +7,8 @@ import random
 from executors.memory import MemoryLedger
 from executors.types import Device, OpInstance, OpRole, Priority
 from models.batch import BatchShape
-from scheduler.gmg import GMG
-from scheduler.kv import KVManager
+from scheduler.memory.kv import KVManager
+from scheduler.sim.gmg import GMG
 
 SHAPE = BatchShape(8, 1, 1, 64, 8)
 

@@ -1,4 +1,4 @@
-"""A straightforward reference for `scheduler.simulator.simulate`, for equivalence tests.
+"""A straightforward reference for `scheduler.sim.simulator.simulate`, for equivalence tests.
 
 It follows the same rules as the simulator, written for reading rather than speed: ops as
 records in dicts, each device's ready ops scanned with `pick_next`, and after every event
@@ -16,8 +16,8 @@ from heapq import heappop, heappush
 from executors.dispatch import pick_next
 from executors.interference import Interference, finish_at, settle
 from executors.types import Priority
-from scheduler.gmg import SimOp, Snapshot
-from scheduler.simulator import Candidate, Prediction
+from scheduler.sim.gmg import SimOp, Snapshot
+from scheduler.sim.simulator import Candidate, Prediction
 
 
 @dataclass

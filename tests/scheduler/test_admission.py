@@ -7,7 +7,8 @@ from dataclasses import dataclass
 import pytest
 
 from executors.types import Priority
-from scheduler.admission import (
+from scheduler.config import SchedulerConfig
+from scheduler.core.admission import (
     CLASS_FULL,
     EVICTED,
     SERVER_FULL,
@@ -15,8 +16,7 @@ from scheduler.admission import (
     QueueLimits,
     WaitingQueues,
 )
-from scheduler.config import SchedulerConfig
-from scheduler.ieg import FinishReason, Overloaded
+from scheduler.core.ieg import FinishReason, Overloaded
 from tests.scheduler.cluster import ClusterRun
 
 H, N, L = Priority.HIGH, Priority.NORMAL, Priority.LOW

@@ -6,7 +6,7 @@ import pytest
 
 from executors.interference import OP_CLASSES, Interference
 from executors.types import Priority
-from scheduler.calibration import (
+from scheduler.round.calibration import (
     FACTOR_RANGE,
     MAX_PENDING,
     ONE_DEVICE,
@@ -15,7 +15,7 @@ from scheduler.calibration import (
     FirstTokenCalibration,
     kind_of,
 )
-from scheduler.plan import Feed, Plan
+from scheduler.round.plan import Feed, Plan
 from tests.scheduler.cluster import ClusterRun
 from tests.scheduler.views import req
 
@@ -37,7 +37,7 @@ def test_kinds_of_placement() -> None:
 
 def test_the_factor_is_the_median_ratio_once_enough_plans_ended(
         caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="scheduler.calibration")
+    caplog.set_level(logging.INFO, logger="scheduler.round.calibration")
     cal = FirstTokenCalibration(window=5, min_samples=3)
     two = ("cpu:0", "cpu:1")
     for i, measured in enumerate([0.2, 0.15, 0.3]):  # predicted 0.1 each

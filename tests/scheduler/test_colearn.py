@@ -8,7 +8,7 @@ import random
 import pytest
 
 from executors.interference import OP_CLASSES, Interference
-from scheduler.colearn import CAP, ColocationLearner
+from scheduler.cost.colearn import CAP, ColocationLearner
 from tests.scheduler.test_overlap import HOSTS, SLOWDOWN, _book, _estimators, _run
 
 LAYERS, HEAD = OP_CLASSES.index("layers"), OP_CLASSES.index("head")
@@ -123,7 +123,7 @@ def test_a_learnt_slowdown_is_logged_when_it_moves_a_tenth(
         caplog: pytest.LogCaptureFixture) -> None:
     rng = random.Random(0)
     est = _estimators(rng, Interference(HOSTS, {}))
-    with caplog.at_level("INFO", logger="scheduler.colearn"):
+    with caplog.at_level("INFO", logger="scheduler.cost.colearn"):
         _book(est, _run(est, 0), rng)
     lines = [r.getMessage() for r in caplog.records if "co-location" in r.getMessage()]
     assert lines and "layers|layers 1.000->1.300" in " ".join(lines)

@@ -16,7 +16,7 @@ from executors.fake import VirtualCluster
 from executors.interference import OP_CLASSES, Interference, op_class
 from executors.types import Device, OpInstance, OpRole, OpState, Priority
 from models.loader import load
-from scheduler.colocation import measure, profile_colocation
+from scheduler.cost.colocation import measure, profile_colocation
 from tests.scheduler.helpers import SHAPE
 
 SOLO_S = {"embed": 0.001, "layers": 0.02, "head": 0.008, "send": 0.0005}

@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 
 from executors.types import Priority
-from scheduler.draft import Draft
-from scheduler.plan import Feed, Plan
+from scheduler.round.draft import Draft
+from scheduler.round.plan import Feed, Plan
 from tests.scheduler.views import BLOCK_BYTES, make_view, req, single
 
 

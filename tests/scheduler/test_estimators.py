@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-import scheduler.profiling as profiling
+import scheduler.cost.profiling as profiling
 from executors.types import OpInstance, OpRole, OpState, Priority
 from models.batch import BatchShape
 from models.choices import PORTABLE, KernelChoice, LayerChoice
 from models.loader import load
-from scheduler.estimators import Estimators, op_features
-from scheduler.profiling import Sweep, load_or_profile
+from scheduler.cost.estimators import Estimators, op_features
+from scheduler.cost.profiling import Sweep, load_or_profile
 
 # true seconds per num_tokens, attn_work, num_seqs, num_sampled, num_context_tokens,
 # native_rows (none here: at one native row the column is zero), gemm_rows, const

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.execution import cpu_threads
+from scheduler.core.execution import cpu_threads
 
 
 def test_cpu_devices_split_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from models.loader import load
-from scheduler import simloop
 from scheduler.config import SchedulerConfig
+from scheduler.cost.profiling import Sweep, load_or_profile
 from scheduler.factory import build_scheduler, default_devices, device_names, parse_devices
-from scheduler.profiling import Sweep, load_or_profile
+from scheduler.sim import native as simloop
 
 
 def test_names_from_a_string_or_a_list() -> None:

@@ -6,10 +6,10 @@ import pytest
 
 from executors.types import Priority
 from scheduler.config import SchedulerConfig
-from scheduler.fairness import FairShare, jain_index
-from scheduler.ieg import FinishReason
+from scheduler.core.fairness import FairShare, jain_index
+from scheduler.core.ieg import FinishReason
 from scheduler.policies.common import fair_order
-from scheduler.requestview import RequestView
+from scheduler.round.requestview import RequestView
 from tests.scheduler.cluster import ClusterRun
 
 L = Priority.LOW

@@ -11,8 +11,8 @@ import pytest
 from executors.types import Priority
 from models.sampling_params import SamplingParams
 from scheduler.api import SchedulerAPI
-from scheduler.fake import FakeConfig, FakeScheduler
-from scheduler.ieg import FinishReason, Overloaded, Request, RequestTooLarge, TokenEvent
+from scheduler.core.ieg import FinishReason, Overloaded, Request, RequestTooLarge, TokenEvent
+from scheduler.testing.fake import FakeConfig, FakeScheduler
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

@@ -2,8 +2,8 @@ from executors.types import OpInstance, OpRole, OpState, Priority
 from models.choices import GemmChoice, KernelChoice, LayerChoice
 from models.template import OpKind
 from scheduler.config import SchedulerConfig
-from scheduler.firstrows import MIN_SAMPLES, SEEN_CAPACITY, FirstRows
-from scheduler.plan import Builder, Feed, Plan
+from scheduler.cost.firstrows import MIN_SAMPLES, SEEN_CAPACITY, FirstRows
+from scheduler.round.plan import Builder, Feed, Plan
 from tests.scheduler.cluster import weightless
 from tests.scheduler.conftest import linear_time, xfer_time
 from tests.scheduler.views import req

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from executors.types import Priority
-from scheduler.inflight import InFlight
-from scheduler.plan import Feed, Plan
+from scheduler.round.inflight import InFlight
+from scheduler.round.plan import Feed, Plan
 from tests.scheduler.views import req, single
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from models.kv_cache import KVCache
-from scheduler.kv import KVManager, layer_devices
+from scheduler.memory.kv import KVManager, layer_devices
 from tests.scheduler.cluster import weightless
 
 MODEL = weightless(layers_per_group=2)  # embed, layers[0:2], layers[2:4], head

@@ -12,8 +12,8 @@ from models.generate import generate
 from models.kv_cache import KVCache
 from models.sampling_params import SamplingParams
 from scheduler.config import SchedulerConfig
-from scheduler.ieg import FinishReason, Request
-from scheduler.scheduler import Scheduler
+from scheduler.core.ieg import FinishReason, Request
+from scheduler.core.scheduler import Scheduler
 from tests.scheduler.conftest import linear_time, xfer_time
 
 GREEDY = SamplingParams(temperature=0, max_tokens=40)

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from executors.types import OpInstance, OpState, Priority
 from models.kv_cache import KVCache
 from scheduler.config import SchedulerConfig
-from scheduler.ieg import FinishReason
+from scheduler.core.ieg import FinishReason
 from tests.scheduler.cluster import CONFIG, ClusterRun, weightless
 from tests.scheduler.kvcheck import VOCAB, expected_tokens
 

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler import linear
-from scheduler.estimators import Estimators, op_features
+from scheduler.cost import linear
+from scheduler.cost.estimators import Estimators, op_features
 from tests.scheduler.test_estimators import TRUE_LAYERS, _shapes, _time
 
 OP = "layers[0:5]"

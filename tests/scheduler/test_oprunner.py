@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from models.loader import load
-from scheduler.oprunner import ShapeRunner
+from scheduler.cost.oprunner import ShapeRunner
 
 
 def test_the_pause_runs_before_every_op_and_is_not_timed(tiny_model_dir: Path) -> None:

@@ -10,7 +10,7 @@ import pytest
 from executors.fake import VirtualCluster
 from executors.interference import Interference
 from executors.types import Device, OpInstance, OpRole, Priority
-from scheduler.estimators import Estimators
+from scheduler.cost.estimators import Estimators
 from tests.scheduler.test_estimators import TRUE_LAYERS, _shapes, _time
 
 COEF = {"embed": (2e-7, 0, 0, 0, 0, 0, 0, 5e-5), "layers[0:5]": TRUE_LAYERS,

@@ -10,8 +10,8 @@ from models.generate import generate
 from models.prefix_cache import CachingAllocator, block_keys
 from models.sampling_params import SamplingParams
 from scheduler.config import SchedulerConfig
-from scheduler.ieg import Request
-from scheduler.scheduler import Scheduler
+from scheduler.core.ieg import Request
+from scheduler.core.scheduler import Scheduler
 from tests.scheduler.cluster import ClusterRun
 from tests.scheduler.conftest import linear_time, xfer_time
 from tests.scheduler.test_kv_property import BLOCK_BYTES

@@ -4,9 +4,8 @@ import pytest
 
 from executors.types import Priority
 from scheduler.config import SchedulerConfig
-from scheduler.gmg import DeviceView, SimOp, Snapshot
-from scheduler.provisioner import keeps_deadlines
-from scheduler.provisioning import (
+from scheduler.memory.replicas import Change, ReplicaState
+from scheduler.provisioning.planning import (
     Cluster,
     OpLoad,
     ProvisionPlan,
@@ -15,8 +14,9 @@ from scheduler.provisioning import (
     targets,
     wait_budgets,
 )
-from scheduler.queueing import mean_wait_s
-from scheduler.replicas import Change, ReplicaState
+from scheduler.provisioning.provisioner import keeps_deadlines
+from scheduler.provisioning.queueing import mean_wait_s
+from scheduler.sim.gmg import DeviceView, SimOp, Snapshot
 from tests.scheduler.cluster import ClusterRun
 
 DEVS = tuple(f"d{i}" for i in range(6))

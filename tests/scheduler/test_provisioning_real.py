@@ -9,10 +9,10 @@ from executors.types import Device, Priority
 from models.generate import generate
 from models.sampling_params import SamplingParams
 from scheduler.config import SchedulerConfig
+from scheduler.core.ieg import FinishReason, Request
+from scheduler.core.scheduler import Scheduler
 from scheduler.factory import build_scheduler
-from scheduler.ieg import FinishReason, Request
-from scheduler.replicas import ReplicaState
-from scheduler.scheduler import Scheduler
+from scheduler.memory.replicas import ReplicaState
 
 PARAMS = SamplingParams(temperature=0, max_tokens=6)
 

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from scheduler.queueing import erlang_c, mean_wait_s, min_stable, replicas_for
+from scheduler.provisioning.queueing import erlang_c, mean_wait_s, min_stable, replicas_for
 
 
 def erlang_c_by_sums(c: int, a: float) -> float:

@@ -5,9 +5,9 @@ import pytest
 from executors.memory import MemoryLedger
 from executors.types import Device, Priority
 from scheduler.config import SchedulerConfig
-from scheduler.execution import activation_reserve
-from scheduler.ieg import FinishReason
-from scheduler.replicas import (
+from scheduler.core.execution import activation_reserve
+from scheduler.core.ieg import FinishReason
+from scheduler.memory.replicas import (
     LimitedAllocator,
     ReplicaRegistry,
     ReplicaState,

@@ -14,14 +14,14 @@ from executors.types import Priority
 from models.batch import BatchShape
 from models.loader import load
 from models.sampling_params import SamplingParams
-from scheduler import drift
 from scheduler.config import SchedulerConfig
-from scheduler.estimators import op_features
+from scheduler.core.ieg import FinishReason, Request
+from scheduler.cost import drift
+from scheduler.cost.estimators import op_features
+from scheduler.cost.oprunner import OnDevice
+from scheduler.cost.profiling import Sweep, load_or_profile
+from scheduler.cost.reprofile import PairProfiler
 from scheduler.factory import build_scheduler, parse_devices
-from scheduler.ieg import FinishReason, Request
-from scheduler.oprunner import OnDevice
-from scheduler.profiling import Sweep, load_or_profile
-from scheduler.reprofile import PairProfiler
 
 SMALL = Sweep(prefill_tokens=(4, 64, 256), chunks=((32, 64),), decode_batches=(1, 3),
               decode_contexts=(8, 64), transfer_tokens=(1, 8, 32), repeats=1)

@@ -1,4 +1,4 @@
-"""The simulator's C loop (`scheduler.simloop`): built where a C compiler works, equal to
+"""The simulator's C loop (`scheduler.sim.native`): built where a C compiler works, equal to
 the Python loops on the graphs only it builds its own way, and off (the Python loops
 run) where no compiler works."""
 
@@ -17,9 +17,9 @@ import pytest
 
 from executors.interference import Interference
 from executors.types import Priority
-from scheduler import simloop
-from scheduler.gmg import DeviceView, SimOp, Snapshot
-from scheduler.simulator import Candidate, simulate
+from scheduler.sim import native as simloop
+from scheduler.sim.gmg import DeviceView, SimOp, Snapshot
+from scheduler.sim.simulator import Candidate, simulate
 from tests.scheduler.simref import reference
 
 needs_loop = pytest.mark.skipif(simloop.library() is None,

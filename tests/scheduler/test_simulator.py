@@ -7,8 +7,8 @@ import pytest
 from executors.fake import VirtualCluster
 from executors.interference import Interference
 from executors.types import OpInstance, OpRole, Priority
-from scheduler.gmg import SimOp, Snapshot
-from scheduler.simulator import Candidate, simulate
+from scheduler.sim.gmg import SimOp, Snapshot
+from scheduler.sim.simulator import Candidate, simulate
 from tests.scheduler.helpers import devices, empty_gmg, random_graph
 
 # an injected co-location model: cpu:0 and cpu:1 share a host, cpu:2 is alone

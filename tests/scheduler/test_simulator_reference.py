@@ -3,7 +3,7 @@
 `tests.scheduler.simref.reference` keeps ops as records, scans ready lists with
 `pick_next` and re-times every running op of a shared host after every event; the
 simulator keeps flat lists, dispatch-key heaps and slowdowns cached per set of running
-classes, in Python or in C (`scheduler.simloop`). Random snapshots (running ops, ops
+classes, in Python or in C (`scheduler.sim.native`). Random snapshots (running ops, ops
 waiting on finished ones, several hosts, ties in time, candidates extending a cached
 graph) must give equal predictions, through either loop.
 """
@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from executors.interference import OP_CLASSES, Interference
 from executors.types import Priority
 from scheduler.bench.simulator import synthetic_gmg
-from scheduler.gmg import DeviceView, SimOp, Snapshot
-from scheduler.simulator import Candidate, simulate
+from scheduler.sim.gmg import DeviceView, SimOp, Snapshot
+from scheduler.sim.simulator import Candidate, simulate
 from tests.scheduler.simref import reference
 
 NAMES = ("embed", "layers[0:5]", "layers[5:10]", "head", "send", "recv")

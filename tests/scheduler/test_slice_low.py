@@ -14,8 +14,8 @@ from executors.fake import VirtualCluster
 from executors.types import Device, OpInstance, Priority
 from models.sampling_params import SamplingParams
 from scheduler.config import SchedulerConfig
-from scheduler.ieg import Request
-from scheduler.scheduler import Scheduler
+from scheduler.core.ieg import Request
+from scheduler.core.scheduler import Scheduler
 from tests.scheduler.conftest import linear_time, xfer_time
 
 

@@ -7,9 +7,9 @@ import asyncio
 import pytest
 
 from executors.types import OpInstance, Priority
-from scheduler.decision import RoundDecision
-from scheduler.ieg import FinishReason, Overloaded
-from scheduler.view import RoundView
+from scheduler.core.ieg import FinishReason, Overloaded
+from scheduler.round.decision import RoundDecision
+from scheduler.round.view import RoundView
 from tests.scheduler.cluster import ClusterRun
 
 

@@ -6,10 +6,10 @@ from collections.abc import Iterable
 
 from executors.types import Priority
 from scheduler.config import SchedulerConfig
-from scheduler.gmg import DeviceView, SimOp, Snapshot
-from scheduler.plan import Builder
-from scheduler.requestview import Placement, RequestView
-from scheduler.view import RoundView
+from scheduler.round.plan import Builder
+from scheduler.round.requestview import Placement, RequestView
+from scheduler.round.view import RoundView
+from scheduler.sim.gmg import DeviceView, SimOp, Snapshot
 from tests.scheduler.cluster import weightless
 from tests.scheduler.conftest import linear_time, xfer_time
 

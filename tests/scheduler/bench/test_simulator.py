@@ -3,7 +3,6 @@ from pathlib import Path
 
 import pytest
 
-from scheduler import simloop
 from scheduler.bench.simulator import (
     _replay,
     _report,
@@ -14,7 +13,8 @@ from scheduler.bench.simulator import (
     twin_spread,
 )
 from scheduler.policies.slice import Recorder
-from scheduler.simulator import simulate
+from scheduler.sim import native as simloop
+from scheduler.sim.simulator import simulate
 
 
 def test_the_shared_snapshot_takes_the_interference_path() -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 
 from executors.types import Priority
-from scheduler.draft import Draft
 from scheduler.policies.common import chunk_feeds, decode_plans, preempt_for
-from scheduler.requestview import RequestView
+from scheduler.round.draft import Draft
+from scheduler.round.requestview import RequestView
 from tests.scheduler.views import make_view, req, single
 
 

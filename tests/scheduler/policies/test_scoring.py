@@ -5,10 +5,10 @@ import dataclasses
 import pytest
 
 from executors.types import Priority
-from scheduler.calibration import ONE_DEVICE, PIPELINE
-from scheduler.draft import Draft
-from scheduler.plan import Feed, Plan
 from scheduler.policies.scoring import decode_delay, expected
+from scheduler.round.calibration import ONE_DEVICE, PIPELINE
+from scheduler.round.draft import Draft
+from scheduler.round.plan import Feed, Plan
 from tests.scheduler.views import make_view, req, single
 
 

@@ -9,13 +9,13 @@ import pytest
 from executors.interference import OP_CLASSES, Interference
 from executors.types import Priority
 from models.batch import BatchShape
-from scheduler.calibration import ONE_DEVICE, PIPELINE, SPLIT
-from scheduler.gmg import DeviceView, SimOp
-from scheduler.plan import Builder
 from scheduler.policies import make_policy
 from scheduler.policies import slice as slice_policy
 from scheduler.policies.scoring import score
 from scheduler.policies.slice import Recorder, SlicePolicy
+from scheduler.round.calibration import ONE_DEVICE, PIPELINE, SPLIT
+from scheduler.round.plan import Builder
+from scheduler.sim.gmg import DeviceView, SimOp
 from tests.scheduler.cluster import weightless
 from tests.scheduler.conftest import linear_time, xfer_time
 from tests.scheduler.views import make_view, req, single

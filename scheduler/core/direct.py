@@ -1,0 +1,43 @@
+"""A request's operator chain timed directly on a device's executor thread.
+
+The baseline that `python -m loadgen probe --overhead` pairs with each request
+through the serving path: the same prompt run as one greedy request straight
+through the operators (`models.generate.timed_request`: batch building, the
+operators, sampling; KV in a small cache of its own, not the pool), with no
+HTTP, scheduling or streaming around it. It runs on the thread that runs the
+device's ops, before its next op, so both sides of the difference meet the same
+process, thread and moment of the machine. The device does nothing else meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import torch
+
+from models.generate import timed_request
+from models.loader import Model
+from scheduler.api import DirectTiming, DirectUnavailable
+from scheduler.core.execution import Execution
+
+
+async def time_direct(execution: Execution, model: Model, devices: Sequence[str],
+                      prompt_ids: list[int], max_tokens: int, block_size: int,
+                      device: str | None = None) -> DirectTiming:
+    """See `SchedulerAPI.time_direct`."""
+    name = device or devices[0]
+    if name not in devices:
+        raise DirectUnavailable(f"This server has no device {name!r}; it has "
+                                f"{', '.join(devices)}.")
+    if not execution.alive(name):
+        raise DirectUnavailable(f"Device {name} is down.")
+
+    def timed(on: torch.device) -> tuple[float, float]:
+        return timed_request(model, prompt_ids, max_tokens, block_size, on)
+
+    future = execution.call_on(name, timed)
+    if future is None:
+        raise DirectUnavailable(f"Device {name} runs no executor thread in this process.")
+    first, total = await asyncio.wrap_future(future)
+    return DirectTiming(name, first, total)

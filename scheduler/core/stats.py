@@ -1,0 +1,58 @@
+"""The scheduler's numbers for /metrics (`SchedulerStats`)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from executors.types import Priority
+from scheduler.api import NO_DEVICE, SchedulerStats
+
+if TYPE_CHECKING:
+    from scheduler.core.scheduler import Scheduler
+
+
+def collect(s: Scheduler) -> SchedulerStats:
+    running: Counter[tuple[str, str]] = Counter()
+    waiting: Counter[tuple[str, str]] = Counter()
+    for st in s.states.values():
+        key = (st.req.tenant, st.priority.label)
+        (running if st.status.holds_kv else waiting)[key] += 1
+    problem = s.health.problem(s.exec.healthy)
+    down = s.exec.down()
+    if problem is not None and s.devices and len(down) == len(s.devices):
+        problem = f"{NO_DEVICE}: every device is down ({', '.join(sorted(down))})"
+    wall = max(1e-9, s.clock() - s._started_at)
+    est = s.estimator
+    if est is not None:
+        est.flush(s.clock())
+    mape = est.mape() if est is not None else {}
+    return SchedulerStats(
+        num_running=dict(running), num_waiting=dict(waiting), kv_cache_usage=s.kv.usage(),
+        num_preemptions=dict(s.requests.preemptions),
+        kv_swapped_bytes=s.requests.swapped_out_bytes,
+        kv_recomputed_tokens=s.requests.dropped_tokens,
+        slo_attainment={p.label: c.attainment for p, c in s.books.slo.items()},
+        device_busy_ratio={d: min(1.0, s.exec.busy_s(d) / wall) for d in s.devices},
+        round_seconds=s.books.rounds.copy(), estimator_mape=mape,
+        estimator_cov=est.sample_cov() if est is not None else {},
+        estimator_level=est.levels() if est is not None else {},
+        reprofiles=_reprofiles(s), reprofiling=s.profiler is not None and s.profiler.busy,
+        slowdown=dict(est.interference.slowdown) if est is not None and est.interference else {},
+        first_token_factor=dict(s.calibration.factors()),
+        fairness_jain=s.fair.jain(),
+        queued_tokens={p.label: s.requests.waiting.tokens(p) for p in Priority},
+        errors_total=s.health.errors_total, healthy=problem is None, health_detail=problem,
+        device_up={d: d not in down for d in s.exec.executors},
+        device_detail={d: describe() for d, e in s.exec.executors.items()
+                       if callable(describe := getattr(e, "describe", None))})
+
+
+def _reprofiles(s: Scheduler) -> dict[str, int]:
+    """Background profiles done, per device kind or transfer pair."""
+    p = s.profiler
+    if p is None:
+        return {}
+    done: Counter[str] = Counter(p.kinds_done)
+    done.update(f"{a}->{b}" for a, b in p.done)
+    return dict(done)

@@ -1,0 +1,258 @@
+"""The replica registry: which devices hold the weights of which operator of the chain.
+
+Every operator (embedding, each layer group, head) has a set of replicas, one
+per device that holds its weights. A replica is LOADING while its weights are
+copied in (it is counted in memory but takes no work), READY once loaded (new
+placements may use it), and DRAINING once its removal is decided: no new
+placement uses it, and its memory is freed when no queued op and no request
+whose KV lives there still needs it. The last ready replica of an operator is
+never removed.
+
+Memory follows the registry: a replica's weight bytes are reserved in its
+device's ledger while it exists, and the device's KV pool is limited to what
+its budget leaves after them (`LimitedAllocator`), so removing a replica gives
+its memory back to KV, and adding one needs that many free KV blocks.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from executors.memory import MemoryLedger
+from executors.types import Device
+from models.kv_cache import BlockAllocator, KVCache
+from models.loader import Model
+from models.template import GraphTemplate
+from scheduler.config import SchedulerConfig
+from scheduler.core.execution import activation_reserve
+from scheduler.round.view import Holders
+
+
+class ReplicaState(enum.Enum):
+    LOADING = "loading"
+    READY = "ready"
+    DRAINING = "draining"
+
+    @property
+    def takes_work(self) -> bool:
+        return self is ReplicaState.READY
+
+
+class LimitedAllocator(BlockAllocator):
+    """A block allocator whose usable blocks (`num_blocks`) may be set below its storage.
+
+    NOTE: the storage tensors are sized once for the whole budget; the limit is what the
+    replicas held leave of it, so KV grows and shrinks without reallocating tensors."""
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        super().__init__(num_blocks, block_size)
+        self.num_storage_blocks = num_blocks
+        self.limit = num_blocks
+
+    @property
+    def num_blocks(self) -> int:
+        return self.limit
+
+    @num_blocks.setter
+    def num_blocks(self, value: int) -> None:  # set once by BlockAllocator.__init__
+        self.limit = value
+
+    @property
+    def num_free(self) -> int:
+        return max(0, min(len(self._free), self.limit - self.num_used))
+
+    def can_allocate(self, num_blocks: int) -> bool:
+        return num_blocks <= self.num_free
+
+    def can_set_limit(self, limit: int) -> bool:
+        return self.num_used <= limit <= self.num_storage_blocks
+
+    def set_limit(self, limit: int) -> None:
+        if not self.can_set_limit(limit):
+            raise ValueError(f"cannot limit the pool to {limit} blocks: {self.num_used} used, "
+                             f"{self.num_storage_blocks} in storage")
+        self.limit = limit
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One replica added or removed: operator `index` on `device`."""
+
+    index: int
+    device: str
+
+
+class ReplicaRegistry:
+    """Replicas per operator and device, with their memory (see the module docstring)."""
+
+    def __init__(self, template: GraphTemplate, ledgers: Mapping[str, MemoryLedger],
+                 pools: Mapping[str, KVCache], held: Mapping[str, Iterable[int]],
+                 kv_block_bytes: int, activation_bytes: int = 0) -> None:
+        self.template = template
+        self.ledgers, self.pools = ledgers, pools
+        self.kv_block_bytes = kv_block_bytes
+        self.activation_bytes = activation_bytes  # kept free on every device for activations
+        self.states: dict[tuple[int, str], ReplicaState] = {
+            (i, d): ReplicaState.READY for d, ops in held.items() for i in ops}
+        for i in range(len(template.ops)):
+            if not self.holders_of(i):
+                raise ValueError(f"no device holds {template.ops[i].name}")
+
+    # -- reading -----------------------------------------------------------------------------
+    def holders_of(self, index: int) -> frozenset[str]:
+        """Devices whose replica of operator `index` takes new work."""
+        return frozenset(d for (i, d), s in self.states.items() if i == index and s.takes_work)
+
+    def holders(self) -> Holders:
+        return tuple(self.holders_of(i) for i in range(len(self.template.ops)))
+
+    def state(self, index: int, device: str) -> ReplicaState | None:
+        return self.states.get((index, device))
+
+    def resident(self, device: str) -> list[int]:
+        """Operators whose weights are on `device` (any state), in chain order."""
+        return sorted(i for (i, d), _ in self.states.items() if d == device)
+
+    def held(self, device: str) -> frozenset[int]:
+        """Operators loading or ready on `device` (not draining)."""
+        return frozenset(i for (i, d), s in self.states.items()
+                         if d == device and s is not ReplicaState.DRAINING)
+
+    def idle_devices(self, devices: Iterable[str]) -> list[str]:
+        """Devices holding no replica at all (the unit a cluster could release)."""
+        used = {d for _, d in self.states}
+        return [d for d in devices if d not in used]
+
+    def count(self, index: int) -> int:
+        """Replicas of operator `index` that exist or are loading (not draining)."""
+        return sum(1 for (i, _), s in self.states.items()
+                   if i == index and s is not ReplicaState.DRAINING)
+
+    # -- adding ------------------------------------------------------------------------------
+    def blocks_for_weights(self, index: int) -> int:
+        return -(-self.template.ops[index].weight_bytes // self.kv_block_bytes)
+
+    def can_add(self, index: int, device: str) -> bool:
+        """Pure check: not there yet, and its weights fit (in free memory or free KV)."""
+        if (index, device) in self.states:
+            return False
+        return self._room_for(index, device) is not None
+
+    def _room_for(self, index: int, device: str) -> int | None:
+        """KV blocks the pool must give up for operator `index`'s weights, or None."""
+        ledger, alloc = self.ledgers[device], self.pools[device].allocator
+        nbytes = self.template.ops[index].weight_bytes
+        free = ledger.free_bytes - self.activation_bytes
+        if nbytes <= free:
+            return 0
+        short = -(-(nbytes - max(0, free)) // self.kv_block_bytes)
+        if not isinstance(alloc, LimitedAllocator) or not alloc.can_set_limit(alloc.limit - short):
+            return None
+        return short
+
+    def net_bytes(self, index: int, device: str) -> int:
+        """How much more the device's ledger holds once the replica is added (its weights
+        less the KV it gives up for them)."""
+        short = self._room_for(index, device) or 0
+        return max(0, self.template.ops[index].weight_bytes - short * self.kv_block_bytes)
+
+    def begin_add(self, index: int, device: str) -> None:
+        """Reserve the replica's memory (shrinking KV if needed); it is LOADING."""
+        if (index, device) in self.states:
+            raise ValueError(f"{device} already holds {self.template.ops[index].name}")
+        short = self._room_for(index, device)
+        if short is None:
+            raise MemoryError(f"{device}: no room for {self.template.ops[index].name}")
+        if short:
+            alloc = self.pools[device].allocator
+            assert isinstance(alloc, LimitedAllocator)
+            alloc.set_limit(alloc.limit - short)
+            self.ledgers[device].release("kv", short * self.kv_block_bytes)
+        self.ledgers[device].reserve("weights", self.template.ops[index].weight_bytes)
+        self.states[(index, device)] = ReplicaState.LOADING
+
+    def finish_add(self, index: int, device: str) -> None:
+        """Its weights are loaded: new placements may use it."""
+        if self.states.get((index, device)) is not ReplicaState.LOADING:
+            raise ValueError(f"{device}: {self.template.ops[index].name} is not loading")
+        self.states[(index, device)] = ReplicaState.READY
+
+    # -- removing ----------------------------------------------------------------------------
+    def can_remove(self, index: int, device: str) -> bool:
+        """Pure check: a ready replica that is not its operator's last ready one."""
+        return (self.states.get((index, device)) is ReplicaState.READY
+                and len(self.holders_of(index)) > 1)
+
+    def begin_remove(self, index: int, device: str) -> None:
+        """Stop placing new work on it; `finish_remove` frees it once nothing needs it."""
+        if not self.can_remove(index, device):
+            raise ValueError(f"{device}: {self.template.ops[index].name} cannot be removed")
+        self.states[(index, device)] = ReplicaState.DRAINING
+
+    def keep(self, index: int, device: str) -> None:
+        """Cancel a removal not finished yet: the replica takes work again (no copy)."""
+        if self.states.get((index, device)) is not ReplicaState.DRAINING:
+            raise ValueError(f"{device}: {self.template.ops[index].name} is not draining")
+        self.states[(index, device)] = ReplicaState.READY
+
+    def draining(self) -> list[Change]:
+        return [Change(i, d) for (i, d), s in self.states.items() if s is ReplicaState.DRAINING]
+
+    def finish_remove(self, index: int, device: str) -> None:
+        """Free a drained replica's weights; the device's KV pool grows back into them."""
+        if self.states.get((index, device)) is not ReplicaState.DRAINING:
+            raise ValueError(f"{device}: {self.template.ops[index].name} is not draining")
+        del self.states[(index, device)]
+        ledger, alloc = self.ledgers[device], self.pools[device].allocator
+        ledger.release("weights", self.template.ops[index].weight_bytes)
+        if isinstance(alloc, LimitedAllocator):
+            grow = min(alloc.num_storage_blocks - alloc.limit,
+                       (ledger.free_bytes - self.activation_bytes) // self.kv_block_bytes)
+            if grow > 0:
+                ledger.reserve("kv", grow * self.kv_block_bytes)
+                alloc.set_limit(alloc.limit + grow)
+
+    def cancel_add(self, index: int, device: str) -> None:
+        """A load failed: give its memory back as a removal would."""
+        if self.states.get((index, device)) is ReplicaState.LOADING:
+            self.states[(index, device)] = ReplicaState.DRAINING
+            self.finish_remove(index, device)
+
+
+def initial_holdings(provisioning: str, devices: list[str], num_ops: int) -> dict[str, list[int]]:
+    """Without provisioning every device holds every operator; with it, the first device
+    holds one whole replica and the others start empty (the provisioner adds what load needs)."""
+    every = list(range(num_ops))
+    if provisioning == "off":
+        return {d: every for d in devices}
+    return {d: every if i == 0 else [] for i, d in enumerate(devices)}
+
+
+def limited_pools(model: Model, devices: list[Device], ledgers: Mapping[str, MemoryLedger],
+                  cfg: SchedulerConfig, held: Mapping[str, list[int]]) -> dict[str, KVCache]:
+    """KV pools whose storage covers each device's budget less activations, limited to what
+    the replicas it holds leave (see `LimitedAllocator`)."""
+    c, t = model.config, model.template
+    per_block = KVCache.bytes_per_block(c.num_layers, cfg.block_size, c.num_kv_heads,
+                                        c.head_dim, model.dtype)
+    reserve = activation_reserve(model, cfg)
+    pools = {}
+    for d in devices:
+        ledger = ledgers[d.name]
+        ledger.reserve("weights", sum(t.ops[i].weight_bytes for i in held.get(d.name, ())))
+        storage = (d.memory_bytes - reserve) // per_block
+        usable = (ledger.free_bytes - reserve) // per_block
+        if cfg.kv_cache_bytes is not None:
+            storage = usable = min(usable, cfg.kv_cache_bytes // per_block)
+        if usable < 1:
+            raise ValueError(f"{d.name}: {d.memory_bytes / 2**30:.2f} GiB leaves no room for KV "
+                             f"after its weights and {reserve / 2**30:.2f} GiB of activations")
+        pool = model.new_kv_cache(int(storage), cfg.block_size, device=d.torch_device)
+        alloc = LimitedAllocator(int(storage), cfg.block_size)
+        alloc.set_limit(int(usable))
+        pool.allocator = alloc
+        ledger.reserve("kv", int(usable) * per_block)
+        pools[d.name] = pool
+    return pools

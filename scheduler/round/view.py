@@ -1,0 +1,69 @@
+"""What a policy sees of one round: immutable records of requests, KV, devices and the GMG.
+
+The scheduler builds a `RoundView` at the start of every round; a policy reads
+it and returns a `RoundDecision` (scheduler/round/decision.py). Nothing in a view
+points back into the scheduler's mutable state, so a policy can be tested
+with views built by hand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from executors.types import Priority
+from models.kv_cache import blocks_for
+from scheduler.config import SchedulerConfig
+from scheduler.round.plan import Builder
+from scheduler.round.requestview import Placement, RequestView
+from scheduler.sim.gmg import Snapshot
+
+Holders = tuple[frozenset[str], ...]  # op index -> devices whose replica takes new work
+
+
+@dataclass(frozen=True, slots=True)
+class RoundView:
+    """Everything a policy may read in one round (see the module docstring)."""
+
+    now: float  # monotonic seconds (virtual under fake executors)
+    cfg: SchedulerConfig
+    devices: tuple[str, ...]
+    num_ops: int  # operators in the chain
+    waiting: Mapping[Priority, tuple[RequestView, ...]]  # not admitted, arrival order per class
+    runnable: tuple[RequestView, ...]  # admitted, not in flight, not finished
+    running: tuple[RequestView, ...]  # in a plan in flight (they hold KV too)
+    kv_free_blocks: Mapping[str, int]  # device -> free KV blocks
+    kv_watermark_blocks: Mapping[str, int]  # device -> blocks admission leaves free
+    block_size: int  # tokens per KV block
+    kv_block_bytes: int  # bytes of one block over every layer (what a swap moves)
+    host_free_bytes: int  # host swap space left for preempted requests' KV
+    snapshot: Snapshot | None  # the GMG (None for policies that do not simulate)
+    load_s: Mapping[str, float]  # device -> estimated seconds of work queued or running
+    builder: Builder  # the cost model: instantiates plans into op instances with estimates
+    prefill_inflight: Mapping[tuple[str, Priority], int]  # (first device, class) -> plans
+    decode_inflight: frozenset[Placement]  # placements with a decode step in flight
+    tightest_slo_s: float  # smallest TTFT SLO seen, else the default (sizes low chunks)
+    # class -> tenant -> virtual tokens served (scheduler/core/fairness.py), for the fair order
+    service: Mapping[Priority, Mapping[str, float]] = field(default_factory=dict)
+    # op index -> devices holding a replica that takes new work; None: every device holds all
+    holders: Holders | None = None
+    # placement kind -> measured / predicted first-token wait (scheduler/round/calibration.py);
+    # a kind not in it has too few plans scored and counts as 1.0
+    first_token_factors: Mapping[str, float] = field(default_factory=dict)
+    # (placement, class) of each decode step in flight: a step runs at its lowest member's
+    # class, so a high request's step may run at low class (policies/common.py)
+    decode_classes: frozenset[tuple[Placement, Priority]] = frozenset()
+
+    def allows(self, placement: Placement) -> bool:
+        """Whether every operator of `placement` runs on a device holding its replica."""
+        return self.holders is None or all(d in h for d, h in zip(placement, self.holders,
+                                                                   strict=True))
+
+    def full_holders(self) -> tuple[str, ...]:
+        """Devices holding every operator (where a one-device placement may go)."""
+        if self.holders is None:
+            return self.devices
+        return tuple(d for d in self.devices if all(d in h for h in self.holders))
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return blocks_for(num_tokens, self.block_size)
