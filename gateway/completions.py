@@ -28,9 +28,8 @@ from gateway.state import AppState, state_of
 from gateway.streaming import EventStreamResponse, first_delta, sse_body
 from gateway.tenants import Tenant, effective_priority
 from models.sampling_params import SamplingParams
-from scheduler.api import NO_DEVICE
-from scheduler.core.ieg import Request as SchedulerRequest
-from scheduler.core.ieg import SubmitError
+from scheduler.api import NO_DEVICE, SubmitError
+from scheduler.api import Request as SchedulerRequest
 
 _T = TypeVar("_T")
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"; never seen by it

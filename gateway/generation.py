@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from gateway.detokenize import IncrementalDetokenizer, StopMatcher
 from gateway.engine import Engine
-from scheduler.core.ieg import FinishReason, Request, TokenEvent
+from scheduler.api import FinishReason, Request, TokenEvent
 
 _FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length",
            FinishReason.ABORT: "abort", FinishReason.ERROR: "error"}

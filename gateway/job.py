@@ -15,7 +15,7 @@ from gateway.quotas import Lease, retry_after
 from gateway.recent import FinishedRequest
 from gateway.responses import ResponseFormat, usage
 from gateway.tenants import Tenant
-from scheduler.core.ieg import Overloaded, RequestTooLarge, SubmitError
+from scheduler.api import Overloaded, RequestTooLarge, SubmitError
 
 
 @dataclass(slots=True)

@@ -19,7 +19,7 @@ from gateway.disconnect import unless_disconnected
 from gateway.errors import envelope, json_bytes
 from gateway.generation import Delta, merge
 from gateway.job import Job
-from scheduler.core.ieg import SubmitError
+from scheduler.api import SubmitError
 
 logger = logging.getLogger("gateway")
 

@@ -2,14 +2,96 @@
 
 from __future__ import annotations
 
+import enum
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from scheduler.core.ieg import Request, TokenEvent
+from executors.types import Priority
+from models.sampling_params import SamplingParams
 
 NO_DEVICE = "no device is available"  # starts the error of requests ended by it (HTTP 503)
 ROUND_BUCKETS_S = (1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5)
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+    ERROR = "error"
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    """One generated token, or the end of the stream.
+
+    The last event of a request has `finish_reason` set; an event that ends a
+    request without a new token (abort, error) has `token_id` None.
+    """
+
+    token_id: int | None
+    index: int  # 0-based index among generated tokens
+    time: float  # time.monotonic() when the token was sampled
+    finish_reason: FinishReason | None = None
+    error: str | None = None  # set with FinishReason.ERROR
+    num_cached_tokens: int = 0  # prompt tokens its first prefill found in the prefix cache
+
+
+class SubmitError(Exception):
+    """Base of the errors `Scheduler.submit` raises before any token is produced."""
+
+
+class RequestTooLarge(SubmitError):
+    """The request can never fit (context length or KV capacity). Maps to HTTP 400."""
+
+
+class Overloaded(SubmitError):
+    """The request was shed: its class's queue or the server is full, or it was evicted for
+    a higher class (`reason`, see scheduler/core/admission.py). Maps to HTTP 503 with
+    Retry-After."""
+
+    def __init__(self, message: str, retry_after_s: float = 1.0,
+                 reason: str = "server_full") -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+        self.reason = reason
+
+
+@dataclass(slots=True)
+class Request:
+    """What the gateway submits: one tokenized generation request."""
+
+    request_id: str
+    tenant: str
+    priority: Priority
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    ttft_slo_s: float | None = None  # the tenant's TTFT SLO; None = best effort
+    arrival_time: float = field(default_factory=time.monotonic)  # HTTP receipt, monotonic s
+    deadline_s: float | None = None  # total wall-clock budget from arrival; None = none
+    # NOTE: keys its KV blocks in the prefix cache: requests hit each other's blocks only
+    # with equal salts ("" is shared; a tenant that does not share uses its name)
+    cache_salt: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.prompt_token_ids:
+            raise ValueError("prompt_token_ids must not be empty")
+
+    @property
+    def max_tokens(self) -> int:
+        return self.sampling.max_tokens
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def ttft_deadline(self) -> float | None:
+        """Monotonic time by which the first token is due, or None."""
+        if self.ttft_slo_s is None:
+            return None
+        return self.arrival_time + self.ttft_slo_s
 
 
 @dataclass(slots=True)

@@ -2,12 +2,28 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from executors.types import Priority
-from scheduler.core.admission import QueueLimits
 
 PROVISIONING = ("off", "opscale", "model")
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLimits:
+    """Bounds on waiting work: per class (requests, prompt tokens), and over all classes."""
+
+    max_requests: Mapping[Priority, int]
+    max_tokens: Mapping[Priority, int]
+    total_requests: int | None = None  # None: only the per-class bounds
+    total_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        values = [*self.max_requests.values(), *self.max_tokens.values(),
+                  *(v for v in (self.total_requests, self.total_tokens) if v is not None)]
+        if any(v < 0 for v in values):
+            raise ValueError("queue limits must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)

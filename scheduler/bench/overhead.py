@@ -24,8 +24,8 @@ from models.generate import run_chain
 from models.kv_cache import KVCache, blocks_for
 from models.loader import Model, load
 from models.sampling_params import SamplingParams
+from scheduler.api import Request
 from scheduler.config import SchedulerConfig
-from scheduler.core.ieg import Request
 from scheduler.core.scheduler import Scheduler
 from scheduler.factory import build_scheduler, parse_devices
 

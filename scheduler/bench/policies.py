@@ -26,8 +26,8 @@ from loadgen.public_traces import AZURE_CODE, require_trace
 from loadgen.traces import TraceRequest, load_trace
 from models.loader import Model, load
 from models.sampling_params import SamplingParams
+from scheduler.api import Request
 from scheduler.config import SchedulerConfig
-from scheduler.core.ieg import Request
 from scheduler.core.scheduler import Scheduler
 from scheduler.cost.estimators import Estimators
 from scheduler.cost.profiling import load_or_profile

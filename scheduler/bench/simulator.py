@@ -26,10 +26,10 @@ from executors.types import Device, OpInstance, OpRole, Priority
 from models.batch import BatchShape
 from models.loader import Model, load
 from models.sampling_params import SamplingParams
+from scheduler.api import Request
 from scheduler.bench.machine import capability_line, load_average, machine_line
 from scheduler.bench.policies import Workload, run_policy
 from scheduler.config import SchedulerConfig
-from scheduler.core.ieg import Request
 from scheduler.core.scheduler import Scheduler
 from scheduler.core.state import RequestState
 from scheduler.cost.estimators import Estimators

@@ -20,31 +20,16 @@ when to retry (`Retry-After`).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 from executors.types import Priority
-from scheduler.core.ieg import Overloaded
+from scheduler.api import Overloaded
+from scheduler.config import QueueLimits
 
 CLASS_FULL, SERVER_FULL, EVICTED = "class_full", "server_full", "evicted"
 RETRY_MIN_S, RETRY_MAX_S = 1.0, 60.0  # Retry-After is clamped to this range
-
-
-@dataclass(frozen=True, slots=True)
-class QueueLimits:
-    """Bounds on waiting work: per class (requests, prompt tokens), and over all classes."""
-
-    max_requests: Mapping[Priority, int]
-    max_tokens: Mapping[Priority, int]
-    total_requests: int | None = None  # None: only the per-class bounds
-    total_tokens: int | None = None
-
-    def __post_init__(self) -> None:
-        values = [*self.max_requests.values(), *self.max_tokens.values(),
-                  *(v for v in (self.total_requests, self.total_tokens) if v is not None)]
-        if any(v < 0 for v in values):
-            raise ValueError("queue limits must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)

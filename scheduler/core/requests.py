@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from executors.types import Priority
 from models.template import GraphTemplate
-from scheduler.core.admission import QueueLimits, WaitingQueues, Weight
-from scheduler.core.ieg import FinishReason, Overloaded
+from scheduler.api import FinishReason, Overloaded
+from scheduler.config import QueueLimits
+from scheduler.core.admission import WaitingQueues, Weight
 from scheduler.core.state import RequestState, Status
 from scheduler.memory.kv import KVManager, layer_devices
 from scheduler.round.decision import Admission, Growth, Migration, Preemption

@@ -25,22 +25,32 @@ from executors.memory import MemoryLedger
 from executors.types import Device, OpInstance, OpState, Priority
 from models.batch import BatchSource, SeqSpec
 from models.loader import Model
-from scheduler.api import NO_DEVICE, DirectTiming, SchedulerStats
+from scheduler.api import (
+    NO_DEVICE,
+    DirectTiming,
+    FinishReason,
+    Overloaded,
+    Request,
+    RequestTooLarge,
+    SchedulerStats,
+    TokenEvent,
+)
 from scheduler.config import SchedulerConfig
 from scheduler.core.actuation import Actuation, Demand
 from scheduler.core.admission import EVICTED, DrainRate
 from scheduler.core.bookkeeping import Bookkeeping
 from scheduler.core.direct import time_direct
-from scheduler.core.execution import Execution, ExecutorFactory, activation_reserve, kv_pools
+from scheduler.core.execution import Execution, ExecutorFactory
 from scheduler.core.fairness import FairShare, counter_of
 from scheduler.core.health import RoundHealth
-from scheduler.core.ieg import FinishReason, Overloaded, Request, RequestTooLarge, TokenEvent
+from scheduler.core.ieg import build_ieg
 from scheduler.core.requests import Requests
 from scheduler.core.state import RequestState, Status
 from scheduler.core.stats import collect
 from scheduler.cost import firstrows
 from scheduler.cost.reprofile import PairProfiler
 from scheduler.memory.kv import KVManager
+from scheduler.memory.pools import activation_reserve, kv_pools
 from scheduler.memory.replicas import ReplicaRegistry, initial_holdings, limited_pools
 from scheduler.policies import make_policy
 from scheduler.provisioning.provisioner import Provisioner
@@ -180,7 +190,7 @@ class Scheduler:
     def submit(self, request: Request) -> AsyncIterator[TokenEvent]:
         """Queue a request; raises RequestTooLarge or Overloaded before any token."""
         self._check(request)
-        state = RequestState(request, request.build_ieg(self.cfg.max_batch_tokens))
+        state = RequestState(request, build_ieg(request, self.cfg.max_batch_tokens))
         self._enqueue(state)
         if request.ttft_slo_s is not None:
             self.tightest_slo_s = min(self.tightest_slo_s or request.ttft_slo_s,

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 
 from executors.types import Priority
 from models.prefix_cache import BlockKey, block_keys
-from scheduler.core.ieg import FinishReason, IEGNode, NodeKind, NodeState, Request, TokenEvent
+from scheduler.api import FinishReason, Request, TokenEvent
+from scheduler.core.ieg import IEGNode, NodeKind, NodeState
 from scheduler.round.requestview import Placement, RequestView
 
 

@@ -26,8 +26,9 @@ from models.kv_cache import BlockAllocator, KVCache
 from models.loader import Model
 from models.template import GraphTemplate
 from scheduler.config import SchedulerConfig
-from scheduler.core.execution import activation_reserve
-from scheduler.round.view import Holders
+from scheduler.memory.pools import activation_reserve
+
+Holders = tuple[frozenset[str], ...]  # op index -> devices whose replica takes new work
 
 
 class ReplicaState(enum.Enum):

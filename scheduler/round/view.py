@@ -14,11 +14,10 @@ from dataclasses import dataclass, field
 from executors.types import Priority
 from models.kv_cache import blocks_for
 from scheduler.config import SchedulerConfig
+from scheduler.memory.replicas import Holders
 from scheduler.round.plan import Builder
 from scheduler.round.requestview import Placement, RequestView
 from scheduler.sim.gmg import Snapshot
-
-Holders = tuple[frozenset[str], ...]  # op index -> devices whose replica takes new work
 
 
 @dataclass(frozen=True, slots=True)

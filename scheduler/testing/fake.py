@@ -21,16 +21,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from executors.types import Priority
-from scheduler.api import DirectTiming, DirectUnavailable, SchedulerStats
-from scheduler.core.ieg import (
-    BoundedQueues,
+from scheduler.api import (
+    DirectTiming,
+    DirectUnavailable,
     FinishReason,
-    NodeState,
     Overloaded,
     Request,
     RequestTooLarge,
+    SchedulerStats,
     TokenEvent,
 )
+from scheduler.core.ieg import NodeState
+from scheduler.testing.queues import BoundedQueues
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from scheduler.core.ieg import Overloaded, Request, TokenEvent
+from scheduler.api import Overloaded, Request, TokenEvent
 from scheduler.testing.fake import FakeScheduler
 from tests.gateway.harness import (
     MAX_MODEL_LEN,

@@ -15,7 +15,7 @@ from executors.types import Priority
 from gateway.engine import Engine
 from gateway.generation import Generation, merge
 from models.sampling_params import SamplingParams
-from scheduler.core.ieg import Request, TokenEvent
+from scheduler.api import Request, TokenEvent
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

@@ -21,7 +21,7 @@ from gateway.sampling_defaults import (
 )
 from models.loader import load
 from models.sampling_params import SamplingParams
-from scheduler.core.ieg import Request
+from scheduler.api import Request
 from scheduler.testing.fake import FakeScheduler
 from tests.gateway.harness import EngineFactory, make_config, running
 from tests.serve import GatewayProcess

@@ -12,8 +12,7 @@ from gateway.config import ConfigError, SchedulerSettings, parse_queue_bounds
 from gateway.engine import scheduler_config
 from gateway.metrics import GatewayMetrics
 from gateway.tenants import parse_tenants
-from scheduler.api import SchedulerStats
-from scheduler.core.ieg import Overloaded, Request, TokenEvent
+from scheduler.api import Overloaded, Request, SchedulerStats, TokenEvent
 from scheduler.testing.fake import FakeScheduler
 from tests.gateway.harness import EngineFactory, make_config, running
 

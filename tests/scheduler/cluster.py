@@ -21,8 +21,8 @@ from models.config import ModelConfig
 from models.loader import Model
 from models.sampling_params import SamplingParams
 from models.skeleton import skeleton
+from scheduler.api import FinishReason, Overloaded, Request
 from scheduler.config import SchedulerConfig
-from scheduler.core.ieg import FinishReason, Overloaded, Request
 from scheduler.core.scheduler import Scheduler
 from tests.scheduler.conftest import linear_time, xfer_time
 from tests.scheduler.kvcheck import KVCheckModel

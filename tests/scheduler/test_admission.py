@@ -7,16 +7,9 @@ from dataclasses import dataclass
 import pytest
 
 from executors.types import Priority
-from scheduler.config import SchedulerConfig
-from scheduler.core.admission import (
-    CLASS_FULL,
-    EVICTED,
-    SERVER_FULL,
-    DrainRate,
-    QueueLimits,
-    WaitingQueues,
-)
-from scheduler.core.ieg import FinishReason, Overloaded
+from scheduler.api import FinishReason, Overloaded
+from scheduler.config import QueueLimits, SchedulerConfig
+from scheduler.core.admission import CLASS_FULL, EVICTED, SERVER_FULL, DrainRate, WaitingQueues
 from tests.scheduler.cluster import ClusterRun
 
 H, N, L = Priority.HIGH, Priority.NORMAL, Priority.LOW

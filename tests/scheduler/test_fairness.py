@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from executors.types import Priority
+from scheduler.api import FinishReason
 from scheduler.config import SchedulerConfig
 from scheduler.core.fairness import FairShare, jain_index
-from scheduler.core.ieg import FinishReason
 from scheduler.policies.common import fair_order
 from scheduler.round.requestview import RequestView
 from tests.scheduler.cluster import ClusterRun

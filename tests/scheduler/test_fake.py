@@ -10,8 +10,14 @@ import pytest
 
 from executors.types import Priority
 from models.sampling_params import SamplingParams
-from scheduler.api import SchedulerAPI
-from scheduler.core.ieg import FinishReason, Overloaded, Request, RequestTooLarge, TokenEvent
+from scheduler.api import (
+    FinishReason,
+    Overloaded,
+    Request,
+    RequestTooLarge,
+    SchedulerAPI,
+    TokenEvent,
+)
 from scheduler.testing.fake import FakeConfig, FakeScheduler
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

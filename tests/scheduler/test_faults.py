@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from executors.types import Device, OpRole, Priority
+from scheduler.api import FinishReason
 from scheduler.core.faults import InjectedFault, faulty
-from scheduler.core.ieg import FinishReason
 from tests.scheduler.cluster import ClusterRun
 
 

@@ -11,8 +11,8 @@ from executors.types import Device, Priority
 from models.generate import generate
 from models.kv_cache import KVCache
 from models.sampling_params import SamplingParams
+from scheduler.api import FinishReason, Request
 from scheduler.config import SchedulerConfig
-from scheduler.core.ieg import FinishReason, Request
 from scheduler.core.scheduler import Scheduler
 from tests.scheduler.conftest import linear_time, xfer_time
 

@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 
 from executors.types import OpInstance, OpState, Priority
 from models.kv_cache import KVCache
+from scheduler.api import FinishReason
 from scheduler.config import SchedulerConfig
-from scheduler.core.ieg import FinishReason
 from tests.scheduler.cluster import CONFIG, ClusterRun, weightless
 from tests.scheduler.kvcheck import VOCAB, expected_tokens
 

@@ -9,8 +9,8 @@ from executors.types import Device, Priority
 from models.generate import generate
 from models.prefix_cache import CachingAllocator, block_keys
 from models.sampling_params import SamplingParams
+from scheduler.api import Request
 from scheduler.config import SchedulerConfig
-from scheduler.core.ieg import Request
 from scheduler.core.scheduler import Scheduler
 from tests.scheduler.cluster import ClusterRun
 from tests.scheduler.conftest import linear_time, xfer_time

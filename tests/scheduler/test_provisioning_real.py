@@ -8,8 +8,8 @@ import models
 from executors.types import Device, Priority
 from models.generate import generate
 from models.sampling_params import SamplingParams
+from scheduler.api import FinishReason, Request
 from scheduler.config import SchedulerConfig
-from scheduler.core.ieg import FinishReason, Request
 from scheduler.core.scheduler import Scheduler
 from scheduler.factory import build_scheduler
 from scheduler.memory.replicas import ReplicaState

@@ -4,9 +4,9 @@ import pytest
 
 from executors.memory import MemoryLedger
 from executors.types import Device, Priority
+from scheduler.api import FinishReason
 from scheduler.config import SchedulerConfig
-from scheduler.core.execution import activation_reserve
-from scheduler.core.ieg import FinishReason
+from scheduler.memory.pools import activation_reserve
 from scheduler.memory.replicas import (
     LimitedAllocator,
     ReplicaRegistry,

@@ -14,8 +14,8 @@ from executors.types import Priority
 from models.batch import BatchShape
 from models.loader import load
 from models.sampling_params import SamplingParams
+from scheduler.api import FinishReason, Request
 from scheduler.config import SchedulerConfig
-from scheduler.core.ieg import FinishReason, Request
 from scheduler.cost import drift
 from scheduler.cost.estimators import op_features
 from scheduler.cost.oprunner import OnDevice

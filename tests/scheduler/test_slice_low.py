@@ -13,8 +13,8 @@ import models
 from executors.fake import VirtualCluster
 from executors.types import Device, OpInstance, Priority
 from models.sampling_params import SamplingParams
+from scheduler.api import Request
 from scheduler.config import SchedulerConfig
-from scheduler.core.ieg import Request
 from scheduler.core.scheduler import Scheduler
 from tests.scheduler.conftest import linear_time, xfer_time
 

@@ -14,7 +14,7 @@ import models
 from executors.fake import VirtualCluster
 from executors.types import OpInstance, Priority
 from models.sampling_params import SamplingParams
-from scheduler.core.ieg import Request
+from scheduler.api import Request
 from tests.scheduler.conftest import make_scheduler
 
 SLO_S = 0.15

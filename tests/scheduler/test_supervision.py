@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from executors.types import OpInstance, Priority
-from scheduler.core.ieg import FinishReason, Overloaded
+from scheduler.api import FinishReason, Overloaded
 from scheduler.round.decision import RoundDecision
 from scheduler.round.view import RoundView
 from tests.scheduler.cluster import ClusterRun

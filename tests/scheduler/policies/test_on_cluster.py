@@ -7,7 +7,7 @@ import random
 import pytest
 
 from executors.types import Priority
-from scheduler.core.ieg import FinishReason
+from scheduler.api import FinishReason
 from scheduler.policies import POLICIES
 from tests.scheduler.cluster import ClusterRun
 

@@ -1,0 +1,54 @@
+"""Each device's memory at start-up: weights and an activation reserve first, KV in the rest."""
+
+from __future__ import annotations
+
+from executors.memory import MemoryLedger
+from executors.remote_kv import RemoteKVCache
+from executors.types import Device
+from models.batch import BatchShape
+from models.kv_cache import KVCache
+from models.loader import Model
+from models.prefix_cache import CachingAllocator
+from scheduler.config import SchedulerConfig
+
+
+def activation_reserve(model: Model, cfg: SchedulerConfig) -> int:
+    """Bytes kept for activations: a full prefill plan and a full decode plan in flight."""
+    t = model.template
+    prefill = BatchShape(cfg.max_batch_tokens, 1, 1, cfg.max_batch_tokens ** 2,
+                         cfg.max_batch_tokens)
+    decode = BatchShape(cfg.max_decode_seqs, cfg.max_decode_seqs, cfg.max_decode_seqs,
+                        cfg.max_decode_seqs * cfg.max_model_len,
+                        cfg.max_decode_seqs * cfg.max_model_len)
+    return 2 * max(o.activation_bytes(s) for o in t.ops for s in (prefill, decode))
+
+
+def kv_pools(model: Model, devices: list[Device], ledgers: dict[str, MemoryLedger],
+             cfg: SchedulerConfig) -> dict[str, KVCache]:
+    """Reserve weights and activations on every device; the rest of its budget is KV."""
+    c = model.config
+    per_block = KVCache.bytes_per_block(c.num_layers, cfg.block_size, c.num_kv_heads,
+                                        c.head_dim, model.dtype)
+    reserve = activation_reserve(model, cfg)
+    pools: dict[str, KVCache] = {}
+    for d in devices:
+        ledger = ledgers[d.name]
+        # NOTE: virtual CPU devices share one copy of the weights but each counts it, as GPUs do
+        ledger.reserve("weights", model.template.weight_bytes)
+        room = ledger.free_bytes - reserve
+        num_blocks = min(room, cfg.kv_cache_bytes or room) // per_block
+        if num_blocks < 1:
+            raise ValueError(f"{d.name}: {d.memory_bytes / 2**30:.2f} GiB leaves no room for KV "
+                             f"after {model.template.weight_bytes / 2**30:.2f} GiB of weights and "
+                             f"{reserve / 2**30:.2f} GiB of activations; raise the budget")
+        if d.node is not None:  # NOTE: a remote device's storage is in its actor
+            c = model.config
+            pools[d.name] = RemoteKVCache(range(c.num_layers), int(num_blocks), cfg.block_size,
+                                          c.num_kv_heads, c.head_dim, model.dtype)
+        else:
+            pools[d.name] = model.new_kv_cache(int(num_blocks), cfg.block_size,
+                                               device=d.torch_device)
+        if cfg.prefix_caching:
+            pools[d.name].allocator = CachingAllocator(int(num_blocks), cfg.block_size)
+        ledger.reserve("kv", pools[d.name].num_bytes)
+    return pools
