@@ -13,8 +13,8 @@ from executors.ray_actor import ActorSpec
 from gateway.config import ConfigError, GatewayConfig
 from models.loader import Model
 from scheduler.config import SchedulerConfig
-from scheduler.core.scheduler import Scheduler
 from scheduler.factory import build_scheduler
+from scheduler.scheduler import Scheduler
 
 logger = logging.getLogger("gateway")
 

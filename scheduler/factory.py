@@ -11,10 +11,10 @@ from executors.types import Device
 from models.loader import Model
 from scheduler.config import SchedulerConfig
 from scheduler.core.execution import ExecutorFactory
-from scheduler.core.scheduler import Scheduler
 from scheduler.cost.estimators import FALLBACK_BANDWIDTH_BYTES_S, FALLBACK_MARGIN, Estimators
 from scheduler.cost.profiling import cpu_hosts, fallback_coefficients, load_or_profile
 from scheduler.cost.reprofile import PairProfiler
+from scheduler.scheduler import Scheduler
 from scheduler.sim import native as simloop
 
 _DEVICE = re.compile(r"^([^/\s]+/)?(cuda|cpu):\d+$")

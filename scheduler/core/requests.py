@@ -4,7 +4,7 @@
 (admit, preempt, migrate, grow) and ends requests; each commit checks the
 request is in the status the decision assumed and raises otherwise, so a
 stale decision fails loudly instead of corrupting state. Plans in flight are
-the scheduler's business (scheduler/core/scheduler.py). With prefix caching it also
+the scheduler's business (scheduler/scheduler.py). With prefix caching it also
 looks up waiting requests' cached prefixes for the policies, pins the hits an
 admission takes, and registers computed blocks (`cache`).
 """

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING
 
 from executors.types import Priority
 from scheduler.api import NO_DEVICE, SchedulerStats
-
-if TYPE_CHECKING:
-    from scheduler.core.scheduler import Scheduler
+from scheduler.core.components import Components
 
 
-def collect(s: Scheduler) -> SchedulerStats:
+def collect(s: Components) -> SchedulerStats:
     running: Counter[tuple[str, str]] = Counter()
     waiting: Counter[tuple[str, str]] = Counter()
     for st in s.states.values():
@@ -22,7 +19,7 @@ def collect(s: Scheduler) -> SchedulerStats:
     down = s.exec.down()
     if problem is not None and s.devices and len(down) == len(s.devices):
         problem = f"{NO_DEVICE}: every device is down ({', '.join(sorted(down))})"
-    wall = max(1e-9, s.clock() - s._started_at)
+    wall = max(1e-9, s.clock() - s.started_at)
     est = s.estimator
     if est is not None:
         est.flush(s.clock())
@@ -48,7 +45,7 @@ def collect(s: Scheduler) -> SchedulerStats:
                        if callable(describe := getattr(e, "describe", None))})
 
 
-def _reprofiles(s: Scheduler) -> dict[str, int]:
+def _reprofiles(s: Components) -> dict[str, int]:
     """Background profiles done, per device kind or transfer pair."""
     p = s.profiler
     if p is None:

@@ -12,7 +12,7 @@ from scheduler.round.calibration import kind_of
 from scheduler.round.draft import Draft
 from scheduler.round.plan import Feed, Plan
 from scheduler.round.requestview import Placement, RequestView
-from scheduler.sim.simulator import Prediction
+from scheduler.sim.types import Prediction
 
 
 @dataclass(slots=True)

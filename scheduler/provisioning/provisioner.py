@@ -17,25 +17,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
 
 from executors.types import OpRole, OpState, Priority
 from models.batch import BatchShape
+from scheduler.core.components import Components
 from scheduler.memory.replicas import LimitedAllocator, ReplicaState
 from scheduler.provisioning.planning import Cluster, OpLoad, ProvisionPlan, plan_model, plan_opscale
 from scheduler.sim.gmg import SimOp, Snapshot
-from scheduler.sim.simulator import Candidate, simulate
-
-if TYPE_CHECKING:
-    from scheduler.core.scheduler import Scheduler
+from scheduler.sim.simulator import simulate
+from scheduler.sim.types import Candidate
 
 logger = logging.getLogger(__name__)
 
 
 class Provisioner:
-    """See the module docstring. `tick(now)` is one step; `run()` is the supervised loop."""
+    """See the module docstring. `tick(now)` is one step; `run()` is the supervised loop. It
+    reads the scheduler's parts (`Components`), never its request lifecycle."""
 
-    def __init__(self, sched: Scheduler) -> None:
+    def __init__(self, sched: Components) -> None:
         self.s = sched
         self.mode = sched.cfg.provisioning
         self.interval_s = (sched.cfg.provision_interval_s if self.mode == "opscale"

@@ -28,7 +28,8 @@ from scheduler.round.plan import Plan, to_candidate
 from scheduler.round.requestview import Placement, RequestView
 from scheduler.round.view import RoundView
 from scheduler.sim.gmg import Snapshot
-from scheduler.sim.simulator import Candidate, Prediction, simulate
+from scheduler.sim.simulator import simulate
+from scheduler.sim.types import Candidate, Prediction
 
 T = TypeVar("T")
 

@@ -23,7 +23,7 @@ from models.template import GraphTemplate, OpKind
 from scheduler.cost.firstrows import FirstRows
 from scheduler.round.requestview import Placement, RequestView
 from scheduler.sim.gmg import SimOp
-from scheduler.sim.simulator import Candidate
+from scheduler.sim.types import Candidate
 
 OpTime = Callable[[str, str, BatchShape], float]  # (device, op name, shape) -> seconds
 XferTime = Callable[[str, str, int], float]  # (src, dst, bytes) -> seconds

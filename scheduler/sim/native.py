@@ -89,7 +89,7 @@ def build(names: list[str], ops: list[SimOp], issued: Sequence[float]) -> Graph:
     """The graph of `ops` on a snapshot's devices `names`; `issued`: each op's key time.
 
     NOTE: the key columns are `executors.dispatch.dispatch_key`'s (priority, issued at, op
-    id), inlined as `scheduler.sim.simulator._build` inlines it (a SimOp's issued_at is never
+    id), inlined as `scheduler.sim.graph.build` inlines it (a SimOp's issued_at is never
     None); the loop compares them in that order, then by position."""
     n = len(ops)
     ids, _, on, prio, deps, est, _, starts, mem_of, fto, _ = (
@@ -218,7 +218,7 @@ _NO_EXCESS = array("d")
 
 def run(g: Graph, now: float, mem: Sequence[int], sharing: Sharing | None) -> Outcome:
     """Simulate `g` from `now` with `mem` reserved per device (`sharing` None: every
-    device alone, as `_run_solo`; else `classes(g, ...)` was filled)."""
+    device alone, as `simulator._run_solo`; else `classes(g, ...)` was filled)."""
     lib = library()
     assert lib is not None, "the simulator's C loop is not available on this machine"
     n, n_dev = len(g.ids), len(g.devices)

@@ -27,7 +27,7 @@ from models.loader import Model  # noqa: E402
 from models.sampling_params import SamplingParams  # noqa: E402
 from scheduler.api import FinishReason, Overloaded, Request  # noqa: E402
 from scheduler.config import SchedulerConfig  # noqa: E402
-from scheduler.core.scheduler import Scheduler  # noqa: E402
+from scheduler.scheduler import Scheduler  # noqa: E402
 from tests.scheduler.conftest import linear_time, xfer_time  # noqa: E402
 
 pytestmark = pytest.mark.ray

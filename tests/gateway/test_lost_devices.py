@@ -15,7 +15,7 @@ from executors.types import Device, OpInstance
 from gateway.engine import engine_for_model
 from models.loader import Model, load
 from scheduler.config import SchedulerConfig
-from scheduler.core.scheduler import Scheduler
+from scheduler.scheduler import Scheduler
 from tests.gateway.harness import make_config, running
 from tests.scheduler.conftest import linear_time, xfer_time
 

@@ -11,9 +11,9 @@ from executors.types import Device
 from gateway.engine import engine_for_model
 from models.loader import Model, load
 from scheduler.config import SchedulerConfig
-from scheduler.core.scheduler import Scheduler
 from scheduler.round.decision import RoundDecision
 from scheduler.round.view import RoundView
+from scheduler.scheduler import Scheduler
 from tests.gateway.harness import make_config, running, sse_events
 from tests.scheduler.conftest import linear_time, xfer_time
 

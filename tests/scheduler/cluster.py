@@ -23,7 +23,7 @@ from models.sampling_params import SamplingParams
 from models.skeleton import skeleton
 from scheduler.api import FinishReason, Overloaded, Request
 from scheduler.config import SchedulerConfig
-from scheduler.core.scheduler import Scheduler
+from scheduler.scheduler import Scheduler
 from tests.scheduler.conftest import linear_time, xfer_time
 from tests.scheduler.kvcheck import KVCheckModel
 

@@ -6,8 +6,8 @@ import models
 from executors.types import Device
 from models.batch import BatchShape
 from scheduler.config import SchedulerConfig
-from scheduler.core.scheduler import Scheduler
 from scheduler.cost import firstrows
+from scheduler.scheduler import Scheduler
 
 
 def linear_time(device: str, name: str, shape: BatchShape) -> float:

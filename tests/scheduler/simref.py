@@ -17,7 +17,7 @@ from executors.dispatch import pick_next
 from executors.interference import Interference, finish_at, settle
 from executors.types import Priority
 from scheduler.sim.gmg import SimOp, Snapshot
-from scheduler.sim.simulator import Candidate, Prediction
+from scheduler.sim.types import Candidate, Prediction
 
 
 @dataclass

@@ -13,7 +13,7 @@ from models.kv_cache import KVCache
 from models.sampling_params import SamplingParams
 from scheduler.api import FinishReason, Request
 from scheduler.config import SchedulerConfig
-from scheduler.core.scheduler import Scheduler
+from scheduler.scheduler import Scheduler
 from tests.scheduler.conftest import linear_time, xfer_time
 
 GREEDY = SamplingParams(temperature=0, max_tokens=40)

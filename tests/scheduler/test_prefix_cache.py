@@ -11,7 +11,7 @@ from models.prefix_cache import CachingAllocator, block_keys
 from models.sampling_params import SamplingParams
 from scheduler.api import Request
 from scheduler.config import SchedulerConfig
-from scheduler.core.scheduler import Scheduler
+from scheduler.scheduler import Scheduler
 from tests.scheduler.cluster import ClusterRun
 from tests.scheduler.conftest import linear_time, xfer_time
 from tests.scheduler.test_kv_property import BLOCK_BYTES

@@ -10,9 +10,9 @@ from models.generate import generate
 from models.sampling_params import SamplingParams
 from scheduler.api import FinishReason, Request
 from scheduler.config import SchedulerConfig
-from scheduler.core.scheduler import Scheduler
 from scheduler.factory import build_scheduler
 from scheduler.memory.replicas import ReplicaState
+from scheduler.scheduler import Scheduler
 
 PARAMS = SamplingParams(temperature=0, max_tokens=6)
 

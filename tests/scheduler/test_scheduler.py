@@ -10,8 +10,8 @@ import models
 from executors.types import Priority
 from models.generate import generate
 from models.sampling_params import SamplingParams
+from scheduler import scheduler as scheduler_module
 from scheduler.api import FinishReason, Overloaded, Request, RequestTooLarge
-from scheduler.core import scheduler as scheduler_module
 from scheduler.policies import POLICIES
 from tests.scheduler.conftest import make_scheduler
 

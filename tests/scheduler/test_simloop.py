@@ -19,7 +19,8 @@ from executors.interference import Interference
 from executors.types import Priority
 from scheduler.sim import native as simloop
 from scheduler.sim.gmg import DeviceView, SimOp, Snapshot
-from scheduler.sim.simulator import Candidate, simulate
+from scheduler.sim.simulator import simulate
+from scheduler.sim.types import Candidate
 from tests.scheduler.simref import reference
 
 needs_loop = pytest.mark.skipif(simloop.library() is None,
@@ -93,9 +94,9 @@ def test_a_large_snapshot_on_many_hosts() -> None:
 
 
 def test_without_a_compiler_the_python_loops_run(tmp_path: Path) -> None:
-    code = ("import json; from scheduler import simloop; "
+    code = ("import json; from scheduler.sim import native as simloop; "
             "from tests.scheduler.test_simloop import _snapshot; "
-            "from scheduler.simulator import simulate; "
+            "from scheduler.sim.simulator import simulate; "
             "p = simulate(_snapshot()); "
             "print(json.dumps([simloop.note(), simloop.library() is None, p.end]))")
     env = {**os.environ, "SLICEGATE_CACHE": str(tmp_path), "CC": str(tmp_path / "no-such-cc")}

@@ -8,7 +8,8 @@ from executors.fake import VirtualCluster
 from executors.interference import Interference
 from executors.types import OpInstance, OpRole, Priority
 from scheduler.sim.gmg import SimOp, Snapshot
-from scheduler.sim.simulator import Candidate, simulate
+from scheduler.sim.simulator import simulate
+from scheduler.sim.types import Candidate
 from tests.scheduler.helpers import devices, empty_gmg, random_graph
 
 # an injected co-location model: cpu:0 and cpu:1 share a host, cpu:2 is alone

@@ -15,7 +15,7 @@ from executors.types import Device, OpInstance, Priority
 from models.sampling_params import SamplingParams
 from scheduler.api import Request
 from scheduler.config import SchedulerConfig
-from scheduler.core.scheduler import Scheduler
+from scheduler.scheduler import Scheduler
 from tests.scheduler.conftest import linear_time, xfer_time
 
 

@@ -21,7 +21,6 @@ from collections.abc import AsyncIterator, Callable
 from functools import partial
 from typing import Any
 
-from executors.memory import MemoryLedger
 from executors.types import Device, OpInstance, OpState, Priority
 from models.batch import BatchSource, SeqSpec
 from models.loader import Model
@@ -36,30 +35,18 @@ from scheduler.api import (
     TokenEvent,
 )
 from scheduler.config import SchedulerConfig
-from scheduler.core.actuation import Actuation, Demand
-from scheduler.core.admission import EVICTED, DrainRate
-from scheduler.core.bookkeeping import Bookkeeping
+from scheduler.core.admission import EVICTED
+from scheduler.core.components import Components
 from scheduler.core.direct import time_direct
-from scheduler.core.execution import Execution, ExecutorFactory
-from scheduler.core.fairness import FairShare, counter_of
-from scheduler.core.health import RoundHealth
+from scheduler.core.execution import ExecutorFactory
+from scheduler.core.fairness import counter_of
 from scheduler.core.ieg import build_ieg
-from scheduler.core.requests import Requests
 from scheduler.core.state import RequestState, Status
 from scheduler.core.stats import collect
-from scheduler.cost import firstrows
-from scheduler.cost.reprofile import PairProfiler
-from scheduler.memory.kv import KVManager
-from scheduler.memory.pools import activation_reserve, kv_pools
-from scheduler.memory.replicas import ReplicaRegistry, initial_holdings, limited_pools
-from scheduler.policies import make_policy
 from scheduler.provisioning.provisioner import Provisioner
-from scheduler.round.calibration import FirstTokenCalibration
 from scheduler.round.decision import Preemption, RoundDecision
-from scheduler.round.inflight import InFlight
-from scheduler.round.plan import Builder, Feed, OpTime, Plan, XferTime
+from scheduler.round.plan import Feed, OpTime, Plan, XferTime
 from scheduler.round.view import RoundView
-from scheduler.sim.gmg import GMG
 
 logger = logging.getLogger(__name__)
 
@@ -70,49 +57,18 @@ DOWN_POLL_S = 0.5  # while a device is down, a round runs this often (to see it 
 _ENDINGS = {"stop": FinishReason.STOP, "error": FinishReason.ERROR}  # abort reason -> finish
 
 
-class Scheduler:
-    """Schedules requests of one model over devices, operator by operator."""
+class Scheduler(Components):
+    """Schedules requests of one model over devices, operator by operator: the request
+    lifecycle over the parts that `Components` builds."""
 
     def __init__(self, model: Model, devices: list[Device], policy: str, op_time: OpTime,
                  xfer_time: XferTime, cfg: SchedulerConfig | None = None,
                  executor_factory: ExecutorFactory | None = None,
                  estimator: Any = None, clock: Callable[[], float] = time.monotonic) -> None:
-        self.model, self.cfg = model, cfg or SchedulerConfig(policy=policy)
-        self.clock = clock  # monotonic seconds; a virtual clock under fake executors
-        self.devices = {d.name: d for d in devices}
-        self.policy = make_policy(policy)
-        self.estimator = estimator  # observe(op) / mape(), when online refit is on
-        self.ledgers = {d.name: MemoryLedger(d.memory_bytes) for d in devices}
-        held = initial_holdings(self.cfg.provisioning, list(self.devices), len(model.template.ops))
-        pools = (kv_pools(model, devices, self.ledgers, self.cfg)
-                 if self.cfg.provisioning == "off"
-                 else limited_pools(model, devices, self.ledgers, self.cfg, held))
-        self.kv = KVManager(pools, self.cfg.swap_space_bytes)
-        self.replicas = ReplicaRegistry(model.template, self.ledgers, pools, held,
-                                        self.kv.swap_bytes(1), activation_reserve(model, self.cfg))
-        self.gmg = GMG(self.devices, self.ledgers, self.kv)
-        self.requests = Requests(self.kv, self.gmg, model.template, self.cfg.queue_limits)
-        self.fair = FairShare()  # virtual token counters per class and tenant
-        self.drain = DrainRate()  # prompt tokens served per second (predicts Retry-After)
-        self.inflight = InFlight()
-        self.first_rows = firstrows.PROCESS  # oneDNN's primitive cache is process-wide
-        self.first_rows.configure(model.kernels)
-        self.calibration = FirstTokenCalibration()  # measured / predicted first tokens
-        self.builder = Builder(model.template, self.cfg.block_size, op_time, xfer_time,
-                               self.first_rows)
-        self.exec = Execution(model, self.devices, self.kv, self.ledgers,
-                              self._on_done_thread, executor_factory)
-        self.demand = Demand()  # op instances issued per operator (for provisioning)
-        gmg = self.gmg
-        self.actuation = Actuation(self.replicas, self.exec.runner if model.ops else None,
-                                   lambda: [*gmg.scheduled.values(), *gmg.unscheduled.values()],
-                                   lambda: self.states.values())
+        super().__init__(model, devices, policy, op_time, xfer_time, self._on_done_thread,
+                         cfg, executor_factory, estimator, clock)
         self.provisioner = Provisioner(self) if self.cfg.provisioning != "off" else None
         self._provision_task: asyncio.Task[None] | None = None
-        self.books = Bookkeeping(self.cfg.timeline_size)
-        self.health = RoundHealth()
-        self.tightest_slo_s: float | None = None  # smallest TTFT SLO among requests seen
-        self.profiler: PairProfiler | None = None  # profiles pairs the estimators lack
         self._retry_on_progress = False  # the last round held work back (see RoundDecision)
         self._submitted = False  # a request came since the last round
         self._wake = asyncio.Event()
@@ -124,17 +80,12 @@ class Scheduler:
         self._down_poll: asyncio.TimerHandle | None = None  # the next round while degraded
         self._accepting = False
         self._stopping = False
-        self._started_at = clock()
-
-    @property
-    def states(self) -> dict[str, RequestState]:
-        return self.requests.states
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
         self._event_loop = asyncio.get_running_loop()
         self.exec.start()
-        self._accepting, self._started_at = True, self.clock()
+        self._accepting, self.started_at = True, self.clock()
         self._task = asyncio.create_task(self._loop(), name="slicegate-scheduler")
         self._task.add_done_callback(self._task_ended)
         if self.provisioner is not None:

@@ -1,0 +1,84 @@
+"""The parts of one scheduler, built once from its model, devices and config.
+
+`Scheduler` (scheduler/scheduler.py) adds the request lifecycle on top of them;
+the provisioner (scheduler/provisioning/provisioner.py) and the stats
+(`stats.collect`) read these parts and nothing of the lifecycle.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from executors.executor import OnDone
+from executors.memory import MemoryLedger
+from executors.types import Device
+from models.loader import Model
+from scheduler.config import SchedulerConfig
+from scheduler.core.actuation import Actuation, Demand
+from scheduler.core.admission import DrainRate
+from scheduler.core.bookkeeping import Bookkeeping
+from scheduler.core.execution import Execution, ExecutorFactory
+from scheduler.core.fairness import FairShare
+from scheduler.core.health import RoundHealth
+from scheduler.core.requests import Requests
+from scheduler.core.state import RequestState
+from scheduler.cost import firstrows
+from scheduler.cost.reprofile import PairProfiler
+from scheduler.memory.kv import KVManager
+from scheduler.memory.pools import activation_reserve, kv_pools
+from scheduler.memory.replicas import ReplicaRegistry, initial_holdings, limited_pools
+from scheduler.policies import make_policy
+from scheduler.round.calibration import FirstTokenCalibration
+from scheduler.round.inflight import InFlight
+from scheduler.round.plan import Builder, OpTime, XferTime
+from scheduler.sim.gmg import GMG
+
+
+class Components:
+    """See the module docstring. `on_done` is called on an executor's thread per finished op."""
+
+    def __init__(self, model: Model, devices: list[Device], policy: str, op_time: OpTime,
+                 xfer_time: XferTime, on_done: OnDone, cfg: SchedulerConfig | None = None,
+                 executor_factory: ExecutorFactory | None = None,
+                 estimator: Any = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.model, self.cfg = model, cfg or SchedulerConfig(policy=policy)
+        self.clock = clock  # monotonic seconds; a virtual clock under fake executors
+        self.devices = {d.name: d for d in devices}
+        self.policy = make_policy(policy)
+        self.estimator = estimator  # observe(op) / mape(), when online refit is on
+        self.ledgers = {d.name: MemoryLedger(d.memory_bytes) for d in devices}
+        held = initial_holdings(self.cfg.provisioning, list(self.devices), len(model.template.ops))
+        pools = (kv_pools(model, devices, self.ledgers, self.cfg)
+                 if self.cfg.provisioning == "off"
+                 else limited_pools(model, devices, self.ledgers, self.cfg, held))
+        self.kv = KVManager(pools, self.cfg.swap_space_bytes)
+        self.replicas = ReplicaRegistry(model.template, self.ledgers, pools, held,
+                                        self.kv.swap_bytes(1), activation_reserve(model, self.cfg))
+        self.gmg = GMG(self.devices, self.ledgers, self.kv)
+        self.requests = Requests(self.kv, self.gmg, model.template, self.cfg.queue_limits)
+        self.fair = FairShare()  # virtual token counters per class and tenant
+        self.drain = DrainRate()  # prompt tokens served per second (predicts Retry-After)
+        self.inflight = InFlight()
+        self.first_rows = firstrows.PROCESS  # oneDNN's primitive cache is process-wide
+        self.first_rows.configure(model.kernels)
+        self.calibration = FirstTokenCalibration()  # measured / predicted first tokens
+        self.builder = Builder(model.template, self.cfg.block_size, op_time, xfer_time,
+                               self.first_rows)
+        self.exec = Execution(model, self.devices, self.kv, self.ledgers,
+                              on_done, executor_factory)
+        self.demand = Demand()  # op instances issued per operator (for provisioning)
+        gmg = self.gmg
+        self.actuation = Actuation(self.replicas, self.exec.runner if model.ops else None,
+                                   lambda: [*gmg.scheduled.values(), *gmg.unscheduled.values()],
+                                   lambda: self.requests.states.values())
+        self.books = Bookkeeping(self.cfg.timeline_size)
+        self.health = RoundHealth()
+        self.tightest_slo_s: float | None = None  # smallest TTFT SLO among requests seen
+        self.profiler: PairProfiler | None = None  # profiles pairs the estimators lack
+        self.started_at = clock()  # monotonic s; reset by `Scheduler.start`
+
+    @property
+    def states(self) -> dict[str, RequestState]:
+        return self.requests.states
