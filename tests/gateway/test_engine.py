@@ -11,7 +11,7 @@ from executors.executor import Executor
 from gateway.config import ConfigError, load_config
 from gateway.engine import build_engine
 from scheduler.core.execution import cpu_threads
-from scheduler.core.scheduler import Scheduler
+from scheduler.scheduler import Scheduler
 
 
 @pytest.mark.parametrize("threads", [None, 1])
