@@ -60,10 +60,9 @@ def generate(model: Model, prompt_ids: list[int], params: SamplingParams,
             token = int(run_chain(model, build_batch([seq], block_size, model.device), kv)[0])
             past += len(feed)
             out.append(token)
-            if token in params.stop_token_ids and len(out) > params.min_tokens:
-                return Generation(out, "stop")
-            if len(out) >= params.max_tokens:
-                return Generation(out, "length")
+            reason = params.finish(token, len(out))
+            if reason is not None:
+                return Generation(out, reason)
             feed = [token]
     finally:
         kv.allocator.free(table)

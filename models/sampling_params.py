@@ -37,3 +37,13 @@ class SamplingParams:
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0 or self.top_k == 1
+
+    def finish(self, token: int, num_generated: int) -> str | None:
+        """The stop rule: "stop" when `token` (the `num_generated`-th, counting it) is a stop
+        id past `min_tokens`, "length" at `max_tokens`, else None. The scheduler, the fake
+        scheduler and `models.generate` all end a generation by it."""
+        if token in self.stop_token_ids and num_generated > self.min_tokens:
+            return "stop"
+        if num_generated >= self.max_tokens:
+            return "length"
+        return None

@@ -569,10 +569,5 @@ class Scheduler(Components):
 
 
 def _finish_reason(s: RequestState, token: int) -> FinishReason | None:
-    p = s.req.sampling
-    n = len(s.output_ids)
-    if token in p.stop_token_ids and n > p.min_tokens:
-        return FinishReason.STOP
-    if n >= p.max_tokens:
-        return FinishReason.LENGTH
-    return None
+    reason = s.req.sampling.finish(token, len(s.output_ids))
+    return None if reason is None else FinishReason(reason)

@@ -282,12 +282,8 @@ class FakeScheduler:
         if slot.first_token_time is None:
             slot.first_token_time = now
             self._record_ttft(slot)
-        sampling = slot.request.sampling
-        reason = None
-        if token in sampling.stop_token_ids:
-            reason = FinishReason.STOP
-        elif slot.num_generated >= sampling.max_tokens:
-            reason = FinishReason.LENGTH
+        end = slot.request.sampling.finish(token, slot.num_generated)
+        reason = None if end is None else FinishReason(end)
         event = TokenEvent(token, index, now, reason)
         if reason is None:
             slot.events.put_nowait(event)

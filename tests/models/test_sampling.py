@@ -107,3 +107,19 @@ def test_draw_follows_the_probabilities_and_skips_zeros() -> None:
     counts = torch.bincount(torch.tensor([_draw(probs, g) for _ in range(4000)]), minlength=6)
     assert counts[[0, 2, 5]].sum() == 0
     assert torch.allclose(counts.float() / 4000, probs, atol=0.03)
+
+
+@pytest.mark.parametrize(("token", "n", "want"), [
+    (2, 1, "stop"),  # a stop id past min_tokens (0)
+    (5, 1, None),  # not a stop id, under max_tokens
+    (5, 4, "length"),  # the max_tokens-th token
+    (2, 4, "stop"),  # a stop id at max_tokens is a stop
+])
+def test_finish_is_the_stop_rule(token: int, n: int, want: str | None) -> None:
+    assert SamplingParams(max_tokens=4, stop_token_ids=(2,)).finish(token, n) == want
+
+
+def test_finish_masks_stop_ids_until_min_tokens() -> None:
+    p = SamplingParams(max_tokens=8, min_tokens=3, stop_token_ids=(2,))
+    assert [p.finish(2, n) for n in (1, 2, 3, 4)] == [None, None, None, "stop"]
+

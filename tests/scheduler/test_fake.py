@@ -69,6 +69,18 @@ async def test_stop_token_after_min_tokens() -> None:
     await scheduler.stop()
 
 
+async def test_a_stop_token_ends_nothing_before_min_tokens() -> None:
+    """Every token the fake can draw is a stop id: the stop rule still waits for
+    `min_tokens`, as the real scheduler's does (`SamplingParams.finish`)."""
+    scheduler = FakeScheduler(FakeConfig(vocab_size=1))
+    await scheduler.start()
+    events = await _drain(scheduler.submit(_request(prompt=[0], max_tokens=9, min_tokens=4,
+                                                    stop_token_ids=(0,))))
+    assert [e.token_id for e in events] == [0] * 5
+    assert events[-1].finish_reason is FinishReason.STOP
+    await scheduler.stop()
+
+
 async def test_abort_is_idempotent_and_frees_blocks() -> None:
     scheduler = FakeScheduler(FakeConfig(token_delay_s=0.01))
     await scheduler.start()
