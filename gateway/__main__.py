@@ -1,9 +1,10 @@
-"""`python -m gateway serve ...`: the OpenAI-compatible server."""
+"""`python -m gateway serve ...` (or `slicegate serve ...`): the OpenAI-compatible server."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -47,7 +48,9 @@ _OVERRIDES = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m gateway",
+    # NOTE: one CLI, two names: the `slicegate` console script and `python -m gateway`
+    prog = "slicegate" if os.path.basename(sys.argv[0]) == "slicegate" else "python -m gateway"
+    parser = argparse.ArgumentParser(prog=prog,
                                      description="slicegate: OpenAI-compatible LLM gateway")
     commands = parser.add_subparsers(dest="command", required=True)
     s = commands.add_parser("serve", help="run the HTTP server")
