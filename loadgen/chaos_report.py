@@ -62,7 +62,7 @@ def slo_attainment(records: Sequence[RequestRecord], slo_s: float) -> tuple[floa
 
 @dataclass(slots=True)
 class Row:
-    """The figures the README table shows for one scenario."""
+    """The figures the reliability table (docs/benchmarks/reliability.md) shows for one scenario."""
 
     scenario: str
     goal: str

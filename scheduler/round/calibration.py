@@ -8,8 +8,8 @@ that a plan on one device does not. Each plan issued with a prediction is paired
 with the first token it produces: the ratio of the measured wait (issue to first
 token) to the predicted one is kept per kind of placement, and the policy scales a
 candidate's predicted wait by its kind's median ratio over the last `WINDOW` such
-plans (1.0 until `MIN_SAMPLES` of them ended). On the machine of the README's
-figures every kind ran over its prediction by about as much (README, interactive
+plans (1.0 until `MIN_SAMPLES` of them ended). On the machine of the figures in
+docs/benchmarks/http.md every kind ran over its prediction by about as much (interactive
 alone), so there the scaling changes few choices.
 """
 

@@ -62,7 +62,8 @@ def test_short_scenario_meets_its_goal(scenario: str, tmp_path: Path,
         # NOTE: here loadgen and the tiny model's server share the test machine's cores, and
         # the tiny model makes tokens faster than both Python event loops stream them, so the
         # client's clock measures its own lag; the SLO is held by the server's measure (HTTP
-        # arrival to first token), the full-scale run in the README by the client's.
+        # arrival to first token), the full-scale run in docs/benchmarks/reliability.md by the
+        # client's.
         o = row.outcomes
         assert row.details["server_slo_attainment"]["high"] >= 0.99, row.to_json()
         assert o.shed_without_retry_after == o.server_5xx == o.lost == o.failed == 0, row.to_json()
