@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from gateway.accesslog import AccessLogMiddleware
+from gateway.batches.context import BatchContext
 from gateway.batches.routes import router as batch_router
 from gateway.batches.service import BatchService
 from gateway.bodylimit import BodyLimitMiddleware
@@ -38,12 +39,13 @@ def create_app(config: GatewayConfig, engine: Engine | None = None) -> FastAPI:
     batches = BatchService(config.batch)
     metrics.registry.register(batches)
     state = AppState(config, engine, Quotas(), metrics, Lifecycle(), batches)
+    context = batch_context(state)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await engine.scheduler.start()
         try:
-            await batches.start(state)
+            await batches.start(context)
             try:
                 with startup_heap_frozen():
                     yield
@@ -67,3 +69,9 @@ def create_app(config: GatewayConfig, engine: Engine | None = None) -> FastAPI:
     install_error_handlers(app)  # its middleware: ids and 500s for everything below it
     app.add_middleware(AccessLogMiddleware)  # outermost: it logs the 500s too
     return app
+
+
+def batch_context(state: AppState) -> BatchContext:
+    """The parts of `state` that batch lines run with."""
+    return BatchContext(state.admission, state.config.server.max_prompts_per_request,
+                        state.config.tenants, state.lifecycle)

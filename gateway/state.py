@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 from fastapi import Request
 
+from gateway.admission import Admission
+from gateway.batches.service import BatchService
 from gateway.config import GatewayConfig
 from gateway.engine import Engine
 from gateway.lifecycle import Lifecycle
 from gateway.metrics import GatewayMetrics
 from gateway.quotas import Quotas
-
-if TYPE_CHECKING:
-    from gateway.batches.service import BatchService
 
 
 @dataclass(slots=True)
@@ -27,6 +25,12 @@ class AppState:
     metrics: GatewayMetrics
     lifecycle: Lifecycle
     batches: BatchService
+
+    admission: Admission = field(init=False)  # the parts a generation request is admitted with
+
+    def __post_init__(self) -> None:
+        self.admission = Admission(self.engine, self.quotas, self.metrics,
+                                   self.config.server.request_timeout_s)
 
 
 def state_of(request: Request) -> AppState:

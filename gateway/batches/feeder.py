@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from gateway.batches.context import BatchContext
 from gateway.batches.files import FileStorage
 from gateway.batches.finalize import close_unanswered, write_files
 from gateway.batches.lines import Line, read_input
@@ -39,7 +40,6 @@ from gateway.batches.store import Store
 from gateway.batches.types import BatchRecord, BatchStatus, LineState, result_line
 from gateway.config import BatchSettings
 from gateway.errors import ApiError
-from gateway.state import AppState
 from gateway.tenants import Tenant, TenantsConfig
 
 logger = logging.getLogger("gateway.batches")
@@ -103,9 +103,9 @@ class _Cursor:
 class Feeder:
     """Runs the batches of one data dir (see the module docstring)."""
 
-    def __init__(self, state: AppState, store: Store, storage: FileStorage,
+    def __init__(self, context: BatchContext, store: Store, storage: FileStorage,
                  settings: BatchSettings, clock: Callable[[], float] = time.time) -> None:
-        self._state, self._store, self._storage = state, store, storage
+        self._context, self._store, self._storage = context, store, storage
         self._settings = settings
         self._clock = clock  # unix s, for the batch timestamps and expiry
         self._cursors: dict[str, _Cursor] = {}
@@ -222,7 +222,7 @@ class Feeder:
             self._cursors[batch.id] = self._cursor(batch)
 
     def _cursor(self, batch: BatchRecord) -> _Cursor:
-        tenant = tenant_named(self._state.config.tenants, batch.tenant)
+        tenant = tenant_named(self._context.tenants, batch.tenant)
         if tenant is None:
             raise RuntimeError(f"tenant {batch.tenant!r} is no longer configured")
         return _Cursor(batch, tenant)
@@ -293,7 +293,7 @@ class Feeder:
     # ---- lines ---------------------------------------------------------------------------
 
     def _feed(self) -> None:
-        if self._state.lifecycle.draining:
+        if self._context.lifecycle.draining:
             return
         settings, skip = self._settings, set[str]()
         while (len(self._running) < settings.max_in_flight
@@ -320,7 +320,7 @@ class Feeder:
         self._turn += 1
         self._fed[cursor.tenant.name] = self._turn
         try:
-            outcome = prepare(self._state, cursor.tenant, cursor.batch.endpoint, line[1], line[2])
+            outcome = prepare(self._context, cursor.tenant, cursor.batch.endpoint, line[1], line[2])
         except Exception as exc:  # a bug on the generation path: this line gets a 500
             logger.exception("batch %s line %d: failed to start", cursor.batch.id, line[0])
             outcome = _internal_error(line, exc)

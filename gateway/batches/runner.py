@@ -17,14 +17,14 @@ from typing import Any
 import orjson
 
 from executors.types import Priority
+from gateway.admission import build_job, collect
+from gateway.batches.context import BatchContext
 from gateway.batches.lines import InputLine, parse_body
 from gateway.batches.types import LineState, result_line
-from gateway.completions import build_job, collect
 from gateway.errors import ApiError
 from gateway.job import Job
 from gateway.prompts import tokenize_chat, tokenize_completion
 from gateway.protocol import ChatBody
-from gateway.state import AppState
 from gateway.tenants import Tenant, effective_priority
 
 _RETRY_STATUSES = (429, 503)  # quota, overloaded, draining: not the line's fault
@@ -71,24 +71,25 @@ def _from_error(exc: ApiError, request_id: str, custom_id: str) -> Outcome:
     return _answer(request_id, custom_id, exc.status, exc.body())
 
 
-def prepare(state: AppState, tenant: Tenant, endpoint: str, custom_id: str,
+def prepare(context: BatchContext, tenant: Tenant, endpoint: str, custom_id: str,
             body: str) -> Started | Outcome:
     """Validate, tokenize and submit one line at priority `low` (see the module docstring)."""
     request_id = secrets.token_hex(12)
+    engine = context.admission.engine
     try:
-        parsed = parse_body(InputLine(custom_id, endpoint, orjson.loads(body)), state.engine,
-                            state.config.server.max_prompts_per_request)
+        parsed = parse_body(InputLine(custom_id, endpoint, orjson.loads(body)), engine,
+                            context.max_prompts_per_request)
         chat = isinstance(parsed, ChatBody)
         if isinstance(parsed, ChatBody):
-            prompts = [tokenize_chat(state.engine, parsed.messages)]
+            prompts = [tokenize_chat(engine, parsed.messages)]
         else:
-            prompts = tokenize_completion(state.engine, parsed.prompts)
+            prompts = tokenize_completion(engine, parsed.prompts)
         options = parsed.options
         # NOTE: a batch line runs in `low` whatever it asks; the tenant's class only lowers it.
         priority = effective_priority(tenant.priority, Priority.LOW.label, options.priority,
                                       options.service_tier)
-        job = build_job(state, tenant, priority, options, prompts, chat, request_id=request_id,
-                        arrival=time.monotonic(), ttft_slo_s=None)
+        job = build_job(context.admission, tenant, priority, options, prompts, chat,
+                        request_id=request_id, arrival=time.monotonic(), ttft_slo_s=None)
         prompt_param = "messages" if chat else "prompt"
         job.submit(prompt_param)
     except ApiError as exc:

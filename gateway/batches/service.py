@@ -14,18 +14,15 @@ import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from gateway.batches.context import BatchContext
 from gateway.batches.feeder import Feeder
 from gateway.batches.files import FileStorage
 from gateway.batches.store import Store
 from gateway.config import BatchSettings
 from gateway.errors import ApiError
-
-if TYPE_CHECKING:
-    from gateway.state import AppState
 
 logger = logging.getLogger("gateway.batches")
 
@@ -66,14 +63,14 @@ class BatchService:
         self._storage: FileStorage | None = None
         self._feeder: Feeder | None = None
 
-    async def start(self, state: AppState) -> None:
+    async def start(self, context: BatchContext) -> None:
         self._lock_fd = lock_data_dir(self.data_dir)
         self._store = Store(self.data_dir / DB_NAME)
         self._storage = FileStorage(self.data_dir / "files")
         removed = self._storage.clean(self._store.file_ids())
         if removed:
             logger.warning("removed %d file(s) left without a database row by a crash", removed)
-        self._feeder = Feeder(state, self._store, self._storage, self.settings)
+        self._feeder = Feeder(context, self._store, self._storage, self.settings)
         self._feeder.start()
 
     async def stop(self) -> None:

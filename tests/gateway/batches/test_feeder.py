@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway.app import batch_context
 from gateway.batches.feeder import MAX_STEP_FAILURES
 from gateway.batches.service import BatchService, DataDirBusy
 from gateway.batches.types import BatchStatus
@@ -118,10 +119,10 @@ async def test_a_second_server_on_the_same_data_dir_refuses(tmp_path: Path,
     settings = BatchSettings(data_dir=str(tmp_path / "data"))
     first = BatchService(settings)
     async with running(auth_config(), make_engine()) as h:
-        await first.start(h.app.state.gateway)
+        await first.start(batch_context(h.app.state.gateway))
         with pytest.raises(DataDirBusy, match="another slicegate server"):
-            await BatchService(settings).start(h.app.state.gateway)
+            await BatchService(settings).start(batch_context(h.app.state.gateway))
         await first.stop()
         second = BatchService(settings)
-        await second.start(h.app.state.gateway)  # free again once the first stopped
+        await second.start(batch_context(h.app.state.gateway))  # free again once the first stopped
         await second.stop()

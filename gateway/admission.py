@@ -1,0 +1,113 @@
+"""A generation request as a job, with no HTTP in sight: admitted (limits, sampling, quota)
+and, once submitted, collected into its response body.
+
+The endpoints (`gateway.completions`) and batch lines (`gateway.batches.runner`) share it;
+it takes the app's parts as an `Admission`, so it imports neither the app state nor batches.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from executors.types import Priority
+from gateway.engine import Engine
+from gateway.errors import ApiError
+from gateway.generation import Generation, merge
+from gateway.job import Job
+from gateway.metrics import GatewayMetrics
+from gateway.prompts import resolve_max_tokens
+from gateway.protocol import GenerationOptions
+from gateway.quotas import Quotas
+from gateway.responses import ResponseFormat
+from gateway.tenants import Tenant
+from models.sampling_params import SamplingParams
+from scheduler.api import NO_DEVICE, SubmitError
+from scheduler.api import Request as SchedulerRequest
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """The app's parts a request is admitted with (`AppState.admission`)."""
+
+    engine: Engine
+    quotas: Quotas
+    metrics: GatewayMetrics
+    request_timeout_s: float  # each generation's deadline, from the request's arrival
+
+
+def _sampling(options: GenerationOptions, max_tokens: int, engine: Engine) -> SamplingParams:
+    """The request's own values, else the served model's defaults, else OpenAI's."""
+    defaults = engine.sampling_defaults
+    stops = (() if options.ignore_eos else engine.eos_token_ids) + options.stop_token_ids
+    return SamplingParams(temperature=_first(options.temperature, defaults.temperature, 1.0),
+                          top_p=_first(options.top_p, defaults.top_p, 1.0),
+                          top_k=_first(options.top_k, defaults.top_k, 0),
+                          seed=options.seed, max_tokens=max_tokens,
+                          min_tokens=options.min_tokens,
+                          stop_token_ids=tuple(dict.fromkeys(stops)))
+
+
+def _first(given: _T | None, default: _T | None, fallback: _T) -> _T:
+    if given is not None:
+        return given
+    return default if default is not None else fallback
+
+
+def _charged_tokens(options: GenerationOptions, prompts: list[list[int]],
+                    max_tokens: list[int], chat: bool) -> int:
+    # NOTE: chat without max_tokens is charged its prompt only, as OpenAI estimates it;
+    # settling at the end charges what was really generated.
+    prompt_tokens = sum(len(p) for p in prompts)
+    if chat and options.max_tokens is None:
+        return prompt_tokens
+    return prompt_tokens + sum(max_tokens)
+
+
+def build_job(admission: Admission, tenant: Tenant, priority: Priority,
+              options: GenerationOptions, prompts: list[list[int]], chat: bool, *,
+              request_id: str, arrival: float, ttft_slo_s: float | None) -> Job:
+    """An admitted, not yet submitted Job: limits resolved, quota charged (429 ApiError)."""
+    engine, quotas = admission.engine, admission.quotas
+    max_tokens = [resolve_max_tokens(options, len(p), engine.max_model_len, chat,
+                                     engine.sampling_defaults.max_tokens) for p in prompts]
+    fmt = ResponseFormat(chat, f"{'chatcmpl' if chat else 'cmpl'}-{request_id}",
+                         int(time.time()), engine.served_model_name, options.include_usage)
+    generations = [
+        Generation(i, SchedulerRequest(
+            request_id=f"{fmt.id}-{i}", tenant=tenant.name, priority=priority,
+            prompt_token_ids=ids, sampling=_sampling(options, max_tokens[i], engine),
+            ttft_slo_s=ttft_slo_s, arrival_time=arrival,
+            deadline_s=admission.request_timeout_s, cache_salt=tenant.cache_salt),
+            engine, options.stop)
+        for i, ids in enumerate(prompts)]
+    lease = quotas.acquire(tenant, _charged_tokens(options, prompts, max_tokens, chat))
+    headers = {"x-slicegate-priority": priority.label, **quotas.headers(tenant)}
+    return Job(fmt, tenant, priority, generations, lease, admission.metrics, arrival, headers)
+
+
+async def collect(job: Job, prompt_param: str) -> dict[str, Any]:
+    """The non-streaming response body of a submitted job (a failed generation: 500 ApiError)."""
+    n = len(job.generations)
+    texts: list[str] = [""] * n
+    finishes: list[str | None] = [None] * n
+    deltas = merge(job.generations)
+    try:
+        async for delta in deltas:
+            texts[delta.index] += delta.text
+            if delta.finish_reason == "error":
+                # NOTE: ended because no device is left: 503, the server may recover
+                gone = (delta.error or "").startswith(NO_DEVICE)
+                raise ApiError(503 if gone else 500, f"Generation failed: {delta.error} "
+                               f"(request id {job.format.id}).",
+                               code="unavailable" if gone else "generation_error")
+            if delta.finish_reason is not None:
+                finishes[delta.index] = delta.finish_reason
+    except SubmitError as exc:  # a scheduler that refuses lazily, at the first event
+        raise job.refused(exc, prompt_param) from None
+    finally:
+        await deltas.aclose()
+    return job.format.response(texts, finishes, job.usage())
