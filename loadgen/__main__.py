@@ -172,7 +172,7 @@ def _bench_parser(b: argparse.ArgumentParser) -> None:
     b.add_argument("--recipe", choices=("default", "strict", "mooncake"), default="default",
                    help="the interactive trace's shape when --interactive is not given: "
                         "default (first 300 requests, bursty) or strict (a steadier window "
-                        "at 0.5x, tight SLO), as in `python -m scheduler bench policies`; "
+                        "at 0.5x, tight SLO), as in `python -m benchmarks.scheduler policies`; "
                         "mooncake: a window of the Mooncake conversation trace, its prompts "
                         "sharing blocks as its hash_ids say (adds a slice-no-cache run)")
     b.add_argument("--no-cache-runs", default=None,

@@ -53,9 +53,10 @@ from loadgen.servers import (
 from loadgen.traces import TraceRequest
 from loadgen.workload import TenantSpec, parse_source, plan_arrivals
 
-# NOTE: the recipes of `python -m scheduler bench policies` (scheduler/bench/policies.py), so
-# the two benches' tables can be read side by side: "default", the first 300 requests (bursty);
-# "strict", a steadier window at a lower rate, whose SLO is tight.
+# NOTE: the recipes of `python -m benchmarks.scheduler policies`
+# (benchmarks/scheduler/policies.py), so the two benches' tables can be read side by side:
+# "default", the first 300 requests (bursty); "strict", a steadier window at a lower rate, whose
+# SLO is tight.
 TRACE_SHAPE = ("max_requests=300,rate_scale=0.8,prompt_scale=0.0625,max_prompt_tokens=1024,"
                "max_output_tokens=32")
 RECIPES = {"default": TRACE_SHAPE,

@@ -1,4 +1,4 @@
-"""`python -m models prepare|tune|generate|direct|bench|first-runs|compiled`."""
+"""`python -m models prepare|tune|generate|direct` (its benches: `python -m benchmarks.models`)."""
 
 from __future__ import annotations
 
@@ -89,21 +89,6 @@ def _tune(args: argparse.Namespace) -> None:
         print(json.dumps({"choice": tuned.choice.to_dict(), "timings_ms": tuned.timings_ms}))
 
 
-def _bench(args: argparse.Namespace) -> None:
-    from models.bench import run
-    run(args.model, args.dtypes.split(","), args.repeats, args.threads, args.json)
-
-
-def _first_runs(args: argparse.Namespace) -> None:
-    from models.bench_first import run
-    run(args.model, args.threads, args.json)
-
-
-def _compiled(args: argparse.Namespace) -> None:
-    from models.bench_compile import run
-    run(args.model, args.threads, args.repeats, args.json)
-
-
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m models", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -141,24 +126,6 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--cases", required=True,
                    help='JSON file: [{"prompt": text, "max_tokens": n}, ...]')
     d.set_defaults(fn=_direct)
-    b = sub.add_parser("bench", help="operator chain vs transformers forward vs GEMM floor")
-    b.add_argument("--model", default="default")
-    b.add_argument("--dtypes", default="bfloat16,float32")
-    b.add_argument("--repeats", type=int, default=7)
-    b.add_argument("--threads", type=int, default=1)
-    b.add_argument("--json", type=Path, default=None)
-    b.set_defaults(fn=_bench)
-    f = sub.add_parser("first-runs", help="the first prefill at a new prompt length, timed")
-    f.add_argument("--model", default="default")
-    f.add_argument("--threads", type=int, default=1)
-    f.add_argument("--json", type=Path, default=None)
-    f.set_defaults(fn=_first_runs)
-    c = sub.add_parser("compiled", help="a layer group via torch.compile vs the tuned one")
-    c.add_argument("--model", default="default")
-    c.add_argument("--threads", type=int, default=1)
-    c.add_argument("--repeats", type=int, default=7)
-    c.add_argument("--json", type=Path, default=None)
-    c.set_defaults(fn=_compiled)
     return p
 
 

@@ -20,7 +20,7 @@ from models.linear import Linear
 from models.ops import EmbedOp, HeadOp, LayerGroupOp, Op
 from models.template import GraphTemplate, OpKind, OpTemplate
 
-TARGET_GROUPS = 6  # NOTE: default split; `python -m models bench` prints per-op times behind it
+TARGET_GROUPS = 6  # NOTE: default split; `python -m benchmarks.models chain` prints per-op times
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -3,7 +3,7 @@
 Where layer groups pad their rows (`LayerChoice.pad_rows`), the row counts a
 server meets are the small ones (up to `EXACT_ROWS`) and, above them, the
 multiples of the pad. oneDNN builds each one's GEMM primitives the first time
-it meets it (`python -m models first-runs`: +11 to +39 ms at 100-530 rows on
+it meets it (`python -m benchmarks.models first-runs`: +11 to +39 ms at 100-530 rows on
 an AMX CPU); running them once at start-up, on the executors' thread count
 (oneDNN keys its primitives by it), takes that off the first requests: about
 1.1 s up to 512 rows on one thread for the default model.

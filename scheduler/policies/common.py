@@ -54,7 +54,7 @@ def decode_plans(draft: Draft, priority_of: PriorityOf) -> list[Plan]:
     """Decode steps of runnable requests: one batch per placement, at its lowest member's class.
 
     Each member first grows its KV to hold its next token (`make_room` preempts for it when
-    a device is full). NOTE: a decode step costs mostly its weight reads (`models bench`:
+    a device is full). NOTE: a decode step costs mostly its weight reads (`benchmarks.models chain`:
     a step of 8 sequences takes about 1.5x one of 1), so the classes of a placement share
     one step rather than paying for one step each. The step runs at the class of its lowest
     member, so a low-priority decode never runs at a higher class than its own and a

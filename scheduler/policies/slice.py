@@ -22,8 +22,7 @@ never tried.
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from functools import partial
 
 from executors.types import Priority
@@ -52,34 +51,28 @@ from scheduler.round.plan import Feed, Plan
 from scheduler.round.requestview import Placement, RequestView
 from scheduler.round.view import RoundView
 from scheduler.sim.gmg import Snapshot
-from scheduler.sim.simulator import Candidate, Prediction, simulate
+from scheduler.sim.simulator import simulate
+from scheduler.sim.types import Candidate, Prediction
 
 CHUNK_COUNTS = (2, 4)  # chunked-pipeline candidates
 MIN_PIPELINE_TOKENS = 128  # shorter prompts are not worth a split
 
 
-@dataclass(slots=True)
-class Recorder:
-    """Benchmark hook: every simulation of each round, and the rounds' decision times."""
-
-    calls: list[tuple[int, Snapshot, Candidate | None]] = field(default_factory=list)
-    round_s: list[float] = field(default_factory=list)
-    round: int = 0
+Simulate = Callable[[Snapshot, Candidate | None], Prediction]  # the what-if simulator
 
 
 class SlicePolicy:
     name = "slice"
     uses_simulation = True
 
-    def __init__(self, recorder: Recorder | None = None) -> None:
-        self.recorder = recorder  # NOTE: set only by `python -m scheduler bench simulator`
+    def __init__(self, sim: Simulate = simulate) -> None:
+        self._sim = sim  # NOTE: a test or a bench may pass one that records every call
         # request -> (what its wait depended on, the device it waits for): see `_still_held`
         self._held: dict[str, tuple[object, str]] = {}
         self._held_next: dict[str, tuple[object, str]] = {}
 
     def schedule(self, view: RoundView) -> RoundDecision:
-        t0 = time.perf_counter()
-        draft = Draft(view, self._simulate)
+        draft = Draft(view, self._sim)
         self._held_next = {}
         for prio in (Priority.HIGH, Priority.NORMAL):
             self._urgent(draft, prio)
@@ -90,15 +83,7 @@ class SlicePolicy:
         for plan in decode_plans(draft, lambda r: r.priority):
             draft.attempt(plan.rids, partial(self._decode, draft, plan))
         fill_low(draft)
-        if self.recorder is not None:
-            self.recorder.round_s.append(time.perf_counter() - t0)
-            self.recorder.round += 1
         return draft.decision
-
-    def _simulate(self, snap: Snapshot, cand: Candidate | None) -> Prediction:
-        if self.recorder is not None:
-            self.recorder.calls.append((self.recorder.round, snap, cand))
-        return simulate(snap, cand)
 
     # -- high / normal -----------------------------------------------------------------------
     def _urgent(self, draft: Draft, prio: Priority) -> None:

@@ -39,7 +39,7 @@ class Draft:
 
     def __init__(self, view: RoundView, sim: Callable[..., Prediction] = simulate) -> None:
         self.view = view
-        self._sim = sim  # NOTE: a hook for the simulator bench, which records every call
+        self._sim = sim  # the policy's simulator (a bench may pass one that records calls)
         self._runnable = {r.rid: r for r in view.runnable}
         self._waiting = {p: {r.rid: r for r in view.waiting.get(p, ())} for p in Priority}
         self._kv_free = dict(view.kv_free_blocks)

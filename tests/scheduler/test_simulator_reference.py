@@ -16,11 +16,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from benchmarks.scheduler.simulator import synthetic_gmg
 from executors.interference import OP_CLASSES, Interference
 from executors.types import Priority
-from scheduler.bench.simulator import synthetic_gmg
 from scheduler.sim.gmg import DeviceView, SimOp, Snapshot
-from scheduler.sim.simulator import Candidate, simulate
+from scheduler.sim.simulator import simulate
+from scheduler.sim.types import Candidate
 from tests.scheduler.simref import reference
 
 NAMES = ("embed", "layers[0:5]", "layers[5:10]", "head", "send", "recv")

@@ -1,0 +1,17 @@
+"""`python -m benchmarks.models chain|first-runs|compiled [--json FILE] ...`."""
+
+from __future__ import annotations
+
+from benchmarks.harness import Bench, dispatch
+from benchmarks.models import chain, compiled, first_runs
+
+BENCHES: dict[str, Bench] = {
+    "chain": chain.main, "first-runs": first_runs.main, "compiled": compiled.main}
+
+
+def main(argv: list[str] | None = None) -> None:
+    dispatch("python -m benchmarks.models", BENCHES, argv, errors=(ValueError, FileNotFoundError))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,224 @@
+"""`python -m benchmarks.scheduler capacity`: how many requests run at once in a fixed KV space.
+
+Closed-loop clients send chat requests without `max_tokens` (so a server that
+reserves KV for everything a request may ever hold reserves the rest of the
+context) and read each stream until its planned output length (16-256 tokens,
+seeded), then close it, as a client that stops reading. Each server runs the
+same load for the same time over HTTP: slicegate with KV grown on demand,
+slicegate with the old rule (`--kv-admission full`), and vLLM's CPU build,
+each with the same KV space per device. From `/metrics`, sampled every second:
+requests running at once (vLLM's metric name, both servers), preemptions, and
+slicegate's swapped bytes and recomputed tokens; from the clients: output
+tokens per second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import math
+import random
+import re
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from benchmarks.harness import parser, print_table, write_json
+from loadgen.prompts import PromptBuilder, resolve_model_folder
+from loadgen.servers import (
+    PEERS_DIR,
+    RunningServer,
+    ServerError,
+    ServerSpec,
+    default_serve_cmd,
+    free_port,
+)
+
+
+@dataclass(slots=True)
+class Load:
+    clients: int = 64
+    duration_s: float = 120.0
+    min_prompt: int = 64
+    max_prompt: int = 512
+    min_output: int = 16
+    max_output: int = 256
+    seed: int = 0
+
+
+@dataclass(slots=True)
+class Tally:
+    """What one run measured."""
+
+    output_tokens: int = 0
+    requests: int = 0
+    errors: int = 0
+    running: list[float] = field(default_factory=list)  # sampled requests running at once
+    metrics_end: dict[str, float] = field(default_factory=dict)
+
+
+def _metric(text: str, name: str) -> float:
+    """Sum of every sample of `name` in a Prometheus exposition."""
+    pattern = re.compile(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.eE+-]+)$", re.M)
+    return sum(float(v) for v in pattern.findall(text))
+
+
+METRICS = ("vllm:num_requests_running", "vllm:num_preemptions_total",
+           "slicegate_kv_swapped_bytes_total", "slicegate_kv_recomputed_tokens_total")
+
+
+async def _client(http: httpx.AsyncClient, spec: ServerSpec, builder: PromptBuilder,
+                  rng: random.Random, load: Load, stop: float, tally: Tally, who: int) -> None:
+    n = 0
+    while time.monotonic() < stop:
+        prompt = builder.text(rng.randint(load.min_prompt, load.max_prompt), f"c{who}-{n}")
+        want = rng.randint(load.min_output, load.max_output)
+        body: dict[str, Any] = {"stream": True, "temperature": 0, "ignore_eos": True,
+                                "messages": [{"role": "user", "content": prompt}]}
+        if spec.model is not None:
+            body["model"] = spec.model
+        got = 0
+        try:
+            async with http.stream("POST", f"{spec.url}/v1/chat/completions",
+                                   json=body) as resp:
+                if resp.status_code != 200:
+                    tally.errors += 1
+                    await asyncio.sleep(0.5)
+                    continue
+                async for line in resp.aiter_lines():
+                    if line.startswith("data: {") and '"content"' in line:
+                        got += 1
+                        if got >= want or time.monotonic() >= stop:
+                            break  # NOTE: closing the stream aborts the request
+        except httpx.HTTPError:
+            tally.errors += 1
+        tally.output_tokens += got
+        tally.requests += 1
+        n += 1
+
+
+async def _sample(http: httpx.AsyncClient, url: str, stop: float, tally: Tally) -> None:
+    while time.monotonic() < stop:
+        await asyncio.sleep(1.0)
+        try:
+            text = (await http.get(f"{url}/metrics", timeout=5)).text
+        except httpx.HTTPError:
+            continue
+        tally.running.append(_metric(text, "vllm:num_requests_running"))
+        tally.metrics_end = {m: _metric(text, m) for m in METRICS}
+
+
+async def _drive(spec: ServerSpec, builder: PromptBuilder, load: Load) -> tuple[Tally, float]:
+    tally = Tally()
+    limits = httpx.Limits(max_connections=load.clients + 4)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as http:
+        t0 = time.monotonic()
+        stop = t0 + load.duration_s
+        tasks = [_client(http, spec, builder, random.Random(load.seed * 1000 + i), load, stop,
+                         tally, i) for i in range(load.clients)]
+        await asyncio.gather(_sample(http, spec.url, stop, tally), *tasks)
+        return tally, time.monotonic() - t0
+
+
+def _row(name: str, tally: Tally, wall_s: float, note: str = "") -> dict[str, Any]:
+    m = tally.metrics_end
+    running = tally.running[len(tally.running) // 4:] or [0.0]  # past the ramp-up
+    return {"run": name, "running_mean": statistics.mean(running), "running_max": max(running),
+            "output_tok_s": tally.output_tokens / wall_s, "requests": tally.requests,
+            "errors": tally.errors, "preemptions": m.get("vllm:num_preemptions_total", 0.0),
+            "swapped_mib": m.get("slicegate_kv_swapped_bytes_total", 0.0) / 2**20,
+            "recomputed_tokens": m.get("slicegate_kv_recomputed_tokens_total", 0.0),
+            "note": note}
+
+
+def _specs(a: argparse.Namespace, folder: Path) -> list[tuple[str, ServerSpec]]:
+    gib = a.kv_cache_mib / 1024
+    out = []
+    for name, admission in (("slicegate", "on-demand"), ("slicegate-full", "full")):
+        port = free_port()
+        cmd = (*default_serve_cmd(), "--model", a.model, "--dtype", "bfloat16",
+               "--max-model-len", "2048", "--port", str(port), "--kv-cache-gib", str(gib),
+               "--kv-admission", admission, "--log-level", "warning")
+        out.append((name, ServerSpec(name, cmd, port, "/health", None, 600.0)))
+    if a.peer:
+        port = free_port()
+        blocks = vllm_blocks(folder, a.kv_cache_mib * a.vllm_devices * 2**20)
+        cmd = ("bash", str(PEERS_DIR / "vllm-cpu.sh"), str(folder), str(port),
+               "--num-gpu-blocks-override", str(blocks))
+        env = (("VLLM_CPU_KVCACHE_SPACE", str(math.ceil(gib * a.vllm_devices))),)
+        out.append(("vllm", ServerSpec("vllm", cmd, port, "/health", "peer", 1800.0, env=env)))
+    return out
+
+
+
+VLLM_CPU_BLOCK_SIZE = 128  # vLLM's CPU backend's block size for this model's attention
+
+
+def vllm_blocks(folder: Path, kv_bytes: float) -> int:
+    """KV blocks of vLLM's CPU build that fit in `kv_bytes` of bf16 KV.
+
+    `VLLM_CPU_KVCACHE_SPACE` takes whole GiB only, so the bench gives vLLM the
+    next whole GiB and caps its pool with `--num-gpu-blocks-override`."""
+    hf = json.loads((folder / "config.json").read_text())
+    head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
+    per_token = 2 * hf["num_hidden_layers"] * hf["num_key_value_heads"] * head_dim * 2
+    return int(kv_bytes // (VLLM_CPU_BLOCK_SIZE * per_token))
+
+
+def main(argv: list[str] | None = None) -> dict[str, object]:
+    p = parser("python -m benchmarks.scheduler capacity", __doc__)
+    p.add_argument("--model", default="default")
+    p.add_argument("--clients", type=int, default=64)
+    p.add_argument("--duration", type=float, default=120.0, help="seconds per run")
+    p.add_argument("--kv-cache-mib", type=float, default=256.0, help="KV space per device")
+    p.add_argument("--vllm-devices", type=int, default=2,
+                   help="vLLM gets this many devices' KV space (default: as much as slicegate's "
+                        "two devices together)")
+    p.add_argument("--no-peer", dest="peer", action="store_false", help="skip vLLM")
+    p.add_argument("--out", type=Path, default=Path("bench-results/capacity"))
+    a = p.parse_args(argv)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # NOTE: not a line per request
+    if a.clients < 1 or a.duration <= 0:
+        p.error("--clients must be >= 1 and --duration > 0")
+    folder = resolve_model_folder(a.model)
+    builder = PromptBuilder.from_folder(folder)
+    load = Load(clients=a.clients, duration_s=a.duration)
+    rows = []
+    for name, spec in _specs(a, folder):
+        print(f"capacity: {name}: starting", file=sys.stderr, flush=True)
+        try:
+            with RunningServer(spec, a.out / f"{name}.log") as server:
+                server.wait_ready()
+                tally, wall = asyncio.run(_drive(spec, builder, load))
+            rows.append(_row(name, tally, wall))
+        except ServerError as e:
+            rows.append({"run": name, "note": f"did not run: {e}"})
+    _print(rows, a)
+    result: dict[str, object] = {"rows": rows, "load": asdict(load),
+                                 "kv_cache_mib": a.kv_cache_mib,
+                                 "vllm_kv_cache_mib": a.kv_cache_mib * a.vllm_devices}
+    write_json(a.json, result)
+    return result
+
+
+def _print(rows: list[dict[str, Any]], a: argparse.Namespace) -> None:
+    print(f"KV space {a.kv_cache_mib:g} MiB per device; {a.clients} closed-loop clients; "
+          f"{a.duration:g} s per run")
+    print_table(["run", "running at once (mean / max)", "output tok/s", "requests",
+                 "preemptions", "swapped MiB", "recomputed tokens", "errors"], "lrrrrrrr",
+                (_cells(r) for r in rows))
+
+
+def _cells(r: dict[str, Any]) -> list[object]:
+    if "running_mean" not in r:
+        return [r["run"], r["note"], *[""] * 6]
+    return [r["run"], f"{r['running_mean']:.1f} / {r['running_max']:.0f}",
+            f"{r['output_tok_s']:.1f}", r["requests"], f"{r['preemptions']:.0f}",
+            f"{r['swapped_mib']:.1f}", f"{r['recomputed_tokens']:.0f}", r["errors"]]
