@@ -3,7 +3,7 @@ called via ctypes.
 
 `scheduler.sim.simulator` runs it in place of its Python loops wherever it could be built:
 the same steps on the same columns, so the two predict the same times to the last bit
-(`tests/scheduler/test_simulator_reference.py` holds both to the reference on random
+(`tests/scheduler/sim/test_simulator_reference.py` holds both to the reference on random
 snapshots, `test_simulator.py` to the fake executors, `test_simloop.py` on the graphs
 this module builds its own way). The
 library is built by `models.native.load_library` with `-ffp-contract=off`, so no multiply-add

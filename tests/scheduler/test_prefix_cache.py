@@ -14,7 +14,7 @@ from scheduler.config import SchedulerConfig
 from scheduler.scheduler import Scheduler
 from tests.scheduler.cluster import ClusterRun
 from tests.scheduler.conftest import linear_time, xfer_time
-from tests.scheduler.test_kv_property import BLOCK_BYTES
+from tests.scheduler.memory.test_kv_property import BLOCK_BYTES
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8)
 BASE = [(13 * j) % 900 + 7 for j in range(100)]  # 6 full blocks of 16, and 4 tokens

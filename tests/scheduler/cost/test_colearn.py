@@ -9,7 +9,7 @@ import pytest
 
 from executors.interference import OP_CLASSES, Interference
 from scheduler.cost.colearn import CAP, ColocationLearner
-from tests.scheduler.test_overlap import HOSTS, SLOWDOWN, _book, _estimators, _run
+from tests.scheduler.cost.test_overlap import HOSTS, SLOWDOWN, _book, _estimators, _run
 
 LAYERS, HEAD = OP_CLASSES.index("layers"), OP_CLASSES.index("head")
 

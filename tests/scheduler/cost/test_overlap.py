@@ -11,7 +11,7 @@ from executors.fake import VirtualCluster
 from executors.interference import Interference
 from executors.types import Device, OpInstance, OpRole, Priority
 from scheduler.cost.estimators import Estimators
-from tests.scheduler.test_estimators import TRUE_LAYERS, _shapes, _time
+from tests.scheduler.cost.test_estimators import TRUE_LAYERS, _shapes, _time
 
 COEF = {"embed": (2e-7, 0, 0, 0, 0, 0, 0, 5e-5), "layers[0:5]": TRUE_LAYERS,
         "head": (1e-5, 0, 0, 2e-4, 0, 0, 0, 2e-3)}

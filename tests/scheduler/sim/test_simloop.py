@@ -95,13 +95,13 @@ def test_a_large_snapshot_on_many_hosts() -> None:
 
 def test_without_a_compiler_the_python_loops_run(tmp_path: Path) -> None:
     code = ("import json; from scheduler.sim import native as simloop; "
-            "from tests.scheduler.test_simloop import _snapshot; "
+            "from tests.scheduler.sim.test_simloop import _snapshot; "
             "from scheduler.sim.simulator import simulate; "
             "p = simulate(_snapshot()); "
             "print(json.dumps([simloop.note(), simloop.library() is None, p.end]))")
     env = {**os.environ, "SLICEGATE_CACHE": str(tmp_path), "CC": str(tmp_path / "no-such-cc")}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                          text=True, timeout=300, check=True, cwd=Path(__file__).parents[2])
+                          text=True, timeout=300, check=True, cwd=Path(__file__).parents[3])
     note, off, end = json.loads(done.stdout.strip().splitlines()[-1])
     assert note.startswith("off: ") and off
     assert "the simulator's C loop (the Python loops run instead) is off" in done.stderr

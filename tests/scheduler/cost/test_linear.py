@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from scheduler.cost import linear
 from scheduler.cost.estimators import Estimators, op_features
-from tests.scheduler.test_estimators import TRUE_LAYERS, _shapes, _time
+from tests.scheduler.cost.test_estimators import TRUE_LAYERS, _shapes, _time
 
 OP = "layers[0:5]"
 
