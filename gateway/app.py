@@ -20,6 +20,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.quotas import Quotas
 from gateway.routes import router
 from gateway.state import AppState
+from gateway.tokenize import router as tokenize_router
 from gateway.ui.routes import router as ui_router
 
 _MULTIPART_SLACK_BYTES = 1 << 20  # form fields and part headers around an uploaded file
@@ -60,6 +61,7 @@ def create_app(config: GatewayConfig, engine: Engine | None = None) -> FastAPI:
                   openapi_url=None)
     app.state.gateway = state
     app.include_router(router)
+    app.include_router(tokenize_router)
     app.include_router(batch_router)
     app.include_router(ui_router)
     app.add_middleware(DrainMiddleware, lifecycle=state.lifecycle)

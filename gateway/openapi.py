@@ -54,6 +54,7 @@ def _ok(schema: dict[str, Any], media: str = JSON, description: str = "OK") -> d
 _API_ERRORS = (400, 401, 413, 500, 503)  # what any /v1/ endpoint may answer
 _GENERATION_ERRORS = (*_API_ERRORS, 404, 429)
 _ID = {"type": "string", "minLength": 1}
+_TOKENIZER_ERRORS = (400, 401, 404, 413, 500)  # /tokenize, /detokenize: no shedding
 
 
 def _generation(summary: str, body: str, result: str) -> dict[str, Any]:
@@ -72,6 +73,12 @@ def _get(summary: str, result: dict[str, Any], *codes: int, media: str = JSON,
     if params:
         op["parameters"] = params
     return op
+
+
+def _post(summary: str, body: str, result: str, *codes: int) -> dict[str, Any]:
+    return {"post": {"summary": summary, "requestBody": {
+        "required": True, "content": {JSON: {"schema": _ref(body)}}},
+        "responses": {**_ok(_ref(result)), **_errors(*codes)}}}
 
 
 def _path_param(name: str) -> dict[str, Any]:
@@ -103,6 +110,11 @@ def _paths() -> dict[str, Any]:
         "/admin/timeline": {"get": _get("Op executions and finished requests since `since`",
                                         _ref("Timeline"), 400, 401, 403, 500,
                                         params=[_query("since", {"type": "number"})])},
+        "/tokenize": _post("Token ids of a prompt or chat (vLLM's)", "TokenizeRequest",
+                           "Tokenize", *_TOKENIZER_ERRORS),
+        "/detokenize": _post("The text of token ids (vLLM's)", "DetokenizeRequest",
+                             "Detokenize", *_TOKENIZER_ERRORS),
+        "/version": {"get": _get("The server's version (vLLM's)", _ref("Version"), 500)},
         "/admin/direct": {"post": {
             "summary": "A completion's operator chain timed directly on a device",
             "parameters": [_query("device", {"type": "string"})],

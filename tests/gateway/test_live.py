@@ -81,6 +81,23 @@ async def test_openai_client_errors(live: LiveServer) -> None:
     client.close()
 
 
+async def test_tokenize_detokenize_version(live: LiveServer) -> None:
+    key = {"Authorization": "Bearer sk-ide-1"}
+    with httpx.Client(base_url=live.url, headers=key, timeout=10) as client:
+        text = "héllo, wörld"
+        tokenized = client.post("/tokenize", json={"model": "tiny", "prompt": text}).json()
+        assert tokenized["count"] == len(tokenized["tokens"]) > 0
+        assert tokenized["token_strs"] is None and tokenized["max_model_len"] == 256
+        back = client.post("/detokenize", json={"tokens": tokenized["tokens"]})
+        assert back.json() == {"prompt": text}
+        chat = client.post("/tokenize", json={"messages": [{"role": "user", "content": "hi"}],
+                                              "return_token_strs": True}).json()
+        assert len(chat["token_strs"]) == chat["count"]
+        bad = client.post("/detokenize", json={"tokens": [-1]})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+        assert client.get("/version").json()["version"]
+
+
 async def test_aborted_streams_free_every_kv_block(make_engine: EngineFactory) -> None:
     engine = make_engine(token_delay_s=0.01)
     with live_server(auth_config(), engine) as server:
