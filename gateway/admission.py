@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from executors.types import Priority
 from gateway.engine import Engine
-from gateway.errors import ApiError
+from gateway.errors import ApiError, invalid
 from gateway.generation import Generation, merge
 from gateway.job import Job
 from gateway.metrics import GatewayMetrics
@@ -42,13 +42,29 @@ class Admission:
 def _sampling(options: GenerationOptions, max_tokens: int, engine: Engine) -> SamplingParams:
     """The request's own values, else the served model's defaults, else OpenAI's."""
     defaults = engine.sampling_defaults
+    _in_vocabulary("logit_bias", tuple(token for token, _ in options.logit_bias),
+                   engine.vocab_size)
+    _in_vocabulary("stop_token_ids", options.stop_token_ids, engine.vocab_size)
     stops = (() if options.ignore_eos else engine.eos_token_ids) + options.stop_token_ids
     return SamplingParams(temperature=_first(options.temperature, defaults.temperature, 1.0),
                           top_p=_first(options.top_p, defaults.top_p, 1.0),
                           top_k=_first(options.top_k, defaults.top_k, 0),
                           seed=options.seed, max_tokens=max_tokens,
                           min_tokens=options.min_tokens,
-                          stop_token_ids=tuple(dict.fromkeys(stops)))
+                          stop_token_ids=tuple(dict.fromkeys(stops)),
+                          presence_penalty=options.presence_penalty,
+                          frequency_penalty=options.frequency_penalty,
+                          repetition_penalty=_first(options.repetition_penalty,
+                                                    defaults.repetition_penalty, 1.0),
+                          logit_bias=options.logit_bias)
+
+
+def _in_vocabulary(param: str, ids: tuple[int, ...], vocab_size: int) -> None:
+    """400 naming `param` for a token id out of the model's vocabulary."""
+    for token in ids:
+        if token >= vocab_size:
+            raise invalid(param, f"Invalid token id in '{param}': {token} is out of the "
+                                 f"model's vocabulary (size {vocab_size}).", code="invalid_value")
 
 
 def _first(given: _T | None, default: _T | None, fallback: _T) -> _T:

@@ -8,10 +8,10 @@ defaults: temperature 1, top_p 1, no top_k); a folder path reads that folder's
 
 The keys read are vLLM's: `temperature`, `top_p`, `top_k`, `max_new_tokens`
 (the default `max_tokens`), `repetition_penalty` and `min_p`. The sampler
-implements no repetition penalty and no min_p, so a folder that sets either
-to a non-neutral value gets a warning at start-up and the value is left out,
-not approximated. `do_sample` is ignored, as vLLM ignores it: a recommended
-temperature is what the model's authors want when they sample.
+implements no min_p, so a folder that sets it to a non-neutral value gets a
+warning at start-up and the value is left out, not approximated. `do_sample`
+is ignored, as vLLM ignores it: a recommended temperature is what the model's
+authors want when they sample.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 GENERATION_CONFIG_FILE = "generation_config.json"
 AUTO, NONE = "auto", "none"
 # NOTE: keys vLLM reads that this sampler does not implement -> their neutral value.
-_UNSUPPORTED = {"repetition_penalty": 1.0, "min_p": 0.0}
+_UNSUPPORTED = {"min_p": 0.0}
 
 
 class GenerationConfigError(ValueError):
@@ -45,6 +45,7 @@ class SamplingDefaults:
     top_p: float | None = None
     top_k: int | None = None  # 0 = off
     max_tokens: int | None = None  # from max_new_tokens; still capped by the context left
+    repetition_penalty: float | None = None  # > 0; 1 = off
     source: str | None = None  # the file they came from, for messages
 
     def as_dict(self) -> dict[str, float | int]:
@@ -90,6 +91,7 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "top_p": (lambda v: is_number(v) and 0 < v <= 1, "in (0, 1]"),
     "top_k": (lambda v: is_int(v) and v >= -1, "an integer >= -1"),
     "max_new_tokens": (lambda v: is_int(v) and v >= 1, "a positive integer"),
+    "repetition_penalty": (lambda v: is_number(v) and v > 0, "> 0"),
 }
 
 
@@ -106,7 +108,8 @@ def parse_generation_config(data: dict[str, Any], source: str) -> SamplingDefaul
     return SamplingDefaults(
         temperature=_float(data.get("temperature")), top_p=_float(data.get("top_p")),
         top_k=None if top_k is None else max(top_k, 0),  # NOTE: HF's 0, vLLM's -1: off
-        max_tokens=data.get("max_new_tokens"), source=source)
+        max_tokens=data.get("max_new_tokens"),
+        repetition_penalty=_float(data.get("repetition_penalty")), source=source)
 
 
 def _float(value: float | None) -> float | None:

@@ -27,6 +27,27 @@ class BatchShape:
     num_context_tokens: int  # sum of context lengths (KV read)
 
 
+@dataclass(frozen=True, slots=True)
+class TokenHistory:
+    """A request's tokens so far, which its penalties count: its own lists, not copies.
+
+    NOTE: the scheduler appends to `output_ids` between the runs that sample the request,
+    never during one; the sampler reads only their first `SeqSpec.num_generated`. Over
+    Ray they are pickled with the batch's sequences, once per batch and device.
+    """
+
+    prompt_ids: list[int]  # empty when repetition_penalty is off (nothing reads it)
+    output_ids: list[int]  # generated tokens
+
+    @classmethod
+    def of(cls, sampling: SamplingParams, prompt_ids: list[int],
+           output_ids: list[int]) -> TokenHistory | None:
+        """What `sampling`'s penalties read; None when it has none."""
+        if not (sampling.adjusts_logits and sampling.penalizes):
+            return None
+        return cls(prompt_ids if sampling.repetition_penalty != 1 else [], output_ids)
+
+
 @dataclass(slots=True)
 class SeqSpec:
     """One request's part of a batch, as the scheduler describes it."""
@@ -38,6 +59,7 @@ class SeqSpec:
     sample: bool = False  # sample a next token after the last new token
     sampling: SamplingParams = field(default_factory=SamplingParams)
     num_generated: int = 0  # tokens generated before this run (min_tokens, seed stream)
+    history: TokenHistory | None = None  # set when it samples and `sampling.penalizes`
 
     @property
     def num_context_tokens(self) -> int:

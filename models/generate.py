@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from models.batch import Batch, SeqSpec, build_batch
+from models.batch import Batch, SeqSpec, TokenHistory, build_batch
 from models.kv_cache import KVCache, blocks_for
 from models.loader import Model
 from models.sampling_params import SamplingParams
@@ -41,9 +41,10 @@ class Generation:
 
 
 def _step_seq(rid: str, tokens: list[int], past: int, table: list[int],
-              params: SamplingParams, generated: int) -> SeqSpec:
+              params: SamplingParams, generated: int,
+              history: TokenHistory | None = None) -> SeqSpec:
     return SeqSpec(rid, tokens, past, table, sample=True, sampling=params,
-                   num_generated=generated)
+                   num_generated=generated, history=history)
 
 
 def generate(model: Model, prompt_ids: list[int], params: SamplingParams,
@@ -54,9 +55,10 @@ def generate(model: Model, prompt_ids: list[int], params: SamplingParams,
     table = kv.allocator.allocate(blocks_for(total, block_size))
     out: list[int] = []
     feed, past = list(prompt_ids), 0
+    history = TokenHistory.of(params, prompt_ids, out)  # reads `out` as it grows
     try:
         while True:
-            seq = _step_seq("r0", feed, past, table, params, len(out))
+            seq = _step_seq("r0", feed, past, table, params, len(out), history)
             token = int(run_chain(model, build_batch([seq], block_size, model.device), kv)[0])
             past += len(feed)
             out.append(token)

@@ -22,7 +22,7 @@ from functools import partial
 from typing import Any
 
 from executors.types import Device, OpInstance, OpState, Priority
-from models.batch import BatchSource, SeqSpec
+from models.batch import BatchSource, SeqSpec, TokenHistory
 from models.loader import Model
 from scheduler.api import (
     NO_DEVICE,
@@ -390,9 +390,11 @@ class Scheduler(Components):
             table = s.tables[device]
             if f.past + f.num_tokens > min(s.num_tokens, len(table) * self.cfg.block_size):
                 raise ValueError(f"{f.rid}: feed [{f.past}, +{f.num_tokens}) is out of range")
+            history = TokenHistory.of(s.req.sampling, s.req.prompt_token_ids,
+                                      s.output_ids) if f.samples else None
             out.append(SeqSpec(f.rid, s.token_ids(f.past, f.num_tokens), f.past, list(table),
                                sample=f.samples, sampling=s.req.sampling,
-                               num_generated=len(s.output_ids)))
+                               num_generated=len(s.output_ids), history=history))
         return out
 
     # -- completions -----------------------------------------------------------------------

@@ -115,6 +115,25 @@ async def test_one_device_per_request_on_two_nodes_equals_one_process(
     assert sched.kv.used_blocks() == 0
 
 
+async def test_penalized_requests_on_remote_actors_equal_one_process(
+        tiny_model: Model, remote: RayDevices) -> None:
+    # NOTE: each sampled sequence carries its request's token history to the actor
+    params = [SamplingParams(temperature=0, max_tokens=8, repetition_penalty=1.3),
+              SamplingParams(temperature=0, max_tokens=8, presence_penalty=1.5,
+                             frequency_penalty=0.5, logit_bias=((8, -100.0),))] * 2
+    prompts = _prompts(4)
+    sched = _scheduler(tiny_model, remote, "fcfs")
+    await sched.start()
+    try:
+        got = await asyncio.gather(*[_collect(sched, Request(f"q{i}", "t", Priority.HIGH, p, s))
+                                     for i, (p, s) in enumerate(zip(prompts, params,
+                                                                    strict=True))])
+    finally:
+        await sched.stop()
+    for (tokens, _, error), p, s in zip(got, prompts, params, strict=True):
+        assert error is None and tokens == generate(tiny_model, p, s).token_ids
+
+
 async def test_split_prefill_moves_activations_actor_to_actor(
         tiny_model: Model, remote: RayDevices, monkeypatch: pytest.MonkeyPatch) -> None:
     fetched: list[Any] = []

@@ -29,7 +29,7 @@ from tests.serve import GatewayProcess
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 RECOMMENDED = SamplingDefaults(temperature=0.2, top_p=0.9, top_k=40, max_tokens=7,
-                               source="test")
+                               repetition_penalty=1.2, source="test")
 
 
 async def test_reads_vllms_keys_and_leaves_out_what_it_cannot_do(
@@ -40,9 +40,11 @@ async def test_reads_vllms_keys_and_leaves_out_what_it_cannot_do(
              "max_new_tokens": 64, "repetition_penalty": 1.1, "min_p": 0.0, "bos_token_id": 1},
             "g.json")
     assert defaults.as_dict() == {"temperature": 1.0, "top_p": 0.95, "top_k": 0,
-                                  "max_tokens": 64}
-    assert "repetition_penalty=1.1, which this server does not implement" in caplog.text
-    assert "min_p" not in caplog.text  # its neutral value needs no warning
+                                  "max_tokens": 64, "repetition_penalty": 1.1}
+    assert not caplog.text  # a neutral min_p needs no warning
+    with caplog.at_level(logging.WARNING):
+        assert parse_generation_config({"min_p": 0.05}, "g.json").as_dict() == {}
+    assert "min_p=0.05, which this server does not implement" in caplog.text
     assert parse_generation_config({"eos_token_id": 2}, "g.json").as_dict() == {}
 
 
@@ -52,6 +54,8 @@ async def test_reads_vllms_keys_and_leaves_out_what_it_cannot_do(
     ({"top_k": 2.5}, "top_k must be an integer"),
     ({"max_new_tokens": 0}, "max_new_tokens must be a positive integer"),
     ({"temperature": "hot"}, "temperature must be"),
+    ({"repetition_penalty": 0}, "repetition_penalty must be > 0"),
+    ({"repetition_penalty": "1.1"}, "repetition_penalty must be > 0"),
 ])
 async def test_invalid_values_name_the_file_and_key(data: dict, message: str) -> None:
     with pytest.raises(GenerationConfigError, match=f"g.json: {message}"):
@@ -104,10 +108,12 @@ async def test_defaults_fill_what_a_request_omits(make_engine: EngineFactory) ->
             "top_k": -1, "max_tokens": 3, "ignore_eos": True})
         assert given.json()["usage"]["completion_tokens"] == 3
         greedy = await h.client.post("/v1/completions", json={"prompt": "Hi", "temperature": 0,
-                                                              "top_p": None})
+                                                              "top_p": None,
+                                                              "repetition_penalty": 1})
         assert greedy.status_code == 200
-    assert [(p.temperature, p.top_p, p.top_k, p.max_tokens) for p in seen] == [
-        (0.2, 0.9, 40, 7), (0.7, 1.0, 0, 3), (0.0, 0.9, 40, 7)]
+    assert [(p.temperature, p.top_p, p.top_k, p.max_tokens, p.repetition_penalty)
+            for p in seen] == [(0.2, 0.9, 40, 7, 1.2), (0.7, 1.0, 0, 3, 1.2),
+                               (0.0, 0.9, 40, 7, 1.0)]
 
 
 async def test_without_defaults_the_openai_ones_apply(make_engine: EngineFactory) -> None:
@@ -118,6 +124,8 @@ async def test_without_defaults_the_openai_ones_apply(make_engine: EngineFactory
         await h.client.post("/v1/completions", json={"prompt": "Hi", "ignore_eos": True})
     [p] = seen
     assert (p.temperature, p.top_p, p.top_k, p.max_tokens) == (1.0, 1.0, 0, 16)
+    assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (0, 0, 1)
+    assert p.logit_bias == () and not p.adjusts_logits
 
 
 def _tiny_with_defaults(tiny_model_dir: Path, folder: Path) -> Path:
@@ -133,7 +141,8 @@ async def test_generation_config_none_leaves_them_off(tiny_model_dir: Path,
                                                       tmp_path: Path) -> None:
     folder = _tiny_with_defaults(tiny_model_dir, tmp_path / "tiny")
     model = load(folder, dtype="float32")
-    for flags, expected in (([], {"temperature": 0.3, "top_k": 5, "max_tokens": 4}),
+    for flags, expected in (([], {"temperature": 0.3, "top_k": 5, "max_tokens": 4,
+                                  "repetition_penalty": 1.2}),
                             (["--generation-config", "none"], {})):
         args = build_parser().parse_args(["serve", "--model", str(folder), *flags])
         engine = engine_for_model(model, FakeScheduler(), config_from_args(args))
@@ -149,10 +158,12 @@ async def test_the_served_model_folder_sets_the_defaults(tiny_model_dir: Path,
     with GatewayProcess(args, tmp_path / "server.log",
                         env={"SLICEGATE_CACHE": str(tmp_path / "cache")}) as server:
         [model] = httpx.get(f"{server.url}/v1/models").json()["data"]
-        assert model["sampling_defaults"] == {"temperature": 0.3, "top_k": 5, "max_tokens": 4}
+        assert model["sampling_defaults"] == {"temperature": 0.3, "top_k": 5, "max_tokens": 4,
+                                              "repetition_penalty": 1.2}
         done = httpx.post(f"{server.url}/v1/completions", timeout=30,
                           json={"prompt": "Hello there", "ignore_eos": True}).json()
         assert done["usage"]["completion_tokens"] == 4
         log = server.log()
     assert "sampling defaults for what requests omit: temperature=0.3, top_k=5" in log
-    assert "repetition_penalty=1.2, which this server does not implement; left out" in log
+    assert "max_tokens=4, repetition_penalty=1.2 (from" in log
+    assert "does not implement" not in log

@@ -48,6 +48,29 @@ async def test_same_greedy_tokens_under_every_policy(tiny_model: models.Model,
     assert sched.kv.used_blocks() == 0 and not sched.states
 
 
+PENALIZED = [
+    SamplingParams(temperature=0, max_tokens=12, repetition_penalty=1.3),
+    SamplingParams(temperature=0, max_tokens=12, presence_penalty=1.5, frequency_penalty=0.5),
+    SamplingParams(temperature=0, max_tokens=12, logit_bias=((8, -100.0), (974, -100.0))),
+    GREEDY,  # beside them in the same decode batches, on the fast path
+]
+
+
+async def test_penalties_and_bias_give_the_tokens_of_generate(tiny_model: models.Model) -> None:
+    sched = make_scheduler(tiny_model, "slice")
+    await sched.start()
+    prompts = _prompts()[:4]
+    try:
+        reqs = [Request(f"p{i}", "t", Priority.HIGH, p, params, ttft_slo_s=1.0)
+                for i, (p, params) in enumerate(zip(prompts, PENALIZED, strict=True))]
+        got = await asyncio.gather(*[_collect(sched, r) for r in reqs])
+    finally:
+        await sched.stop()
+    for (tokens, _), p, params in zip(got, prompts, PENALIZED, strict=True):
+        assert tokens == generate(tiny_model, p, params).token_ids
+    assert got[0][0] != generate(tiny_model, prompts[0], GREEDY).token_ids[:12]
+
+
 async def test_lone_long_prefill_is_pipelined_over_both_devices(tiny_model: models.Model) -> None:
     sched = make_scheduler(tiny_model, "slice")
     await sched.start()
