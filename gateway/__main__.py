@@ -20,6 +20,7 @@ from gateway.config import (
     load_config,
 )
 from gateway.engine import build_engine
+from gateway.fim import KNOWN_FIM
 from gateway.server import serve
 from gateway.tenants import TenantsFileError
 from models.cpu import keep_threads
@@ -28,7 +29,7 @@ from models.cpu import keep_threads
 _OVERRIDES = {
     "model": "model.spec", "served_model_name": "model.served_model_name",
     "dtype": "model.dtype", "max_model_len": "model.max_model_len",
-    "generation_config": "model.generation_config",
+    "generation_config": "model.generation_config", "fim": "model.fim",
     "devices": "scheduler.devices", "device_memory_gib": "scheduler.device_memory_gib",
     "cpu_threads": "scheduler.cpu_threads",
     "policy": "scheduler.policy", "kv_cache_gib": "scheduler.kv_cache_gib",
@@ -62,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--generation-config", metavar="auto|none|DIR",
                    help="sampling defaults for what requests omit: the model folder's "
                         "generation_config.json (auto, the default), none, or DIR's")
+    s.add_argument("--fim", metavar="auto|none|NAME|PREFIX,SUFFIX,MIDDLE",
+                   help="fill-in-the-middle tokens for `suffix`: a known set found in the "
+                        "vocabulary (auto, the default), none, a known set "
+                        f"({', '.join(KNOWN_FIM)}) or the three tokens")
     s.add_argument("--devices", help="e.g. cuda:0,cuda:1 (default: every GPU, else cpu:0,cpu:1);"
                                      " with --ray-address NODE/cpu:0,NODE/cuda:0 (NODE: an IP "
                                      "address, node id or custom resource) or ray:all (default)")

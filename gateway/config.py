@@ -3,7 +3,7 @@
 A config file mirrors the tree (every key optional)::
 
     model:     {spec: default, served_model_name: null, dtype: bfloat16, max_model_len: null,
-                generation_config: auto}
+                generation_config: auto, fim: auto}
     scheduler: {devices: "cpu:0,cpu:1", device_memory_gib: null, policy: slice,
                 ray_address: null}
     server:    {host: 127.0.0.1, port: 8000, drain_timeout_s: 30, request_timeout_s: 600}
@@ -26,6 +26,7 @@ from typing import Any
 import platformdirs
 import yaml
 
+from gateway.fim import parse_fim_setting
 from gateway.tenants import TenantsConfig, load_tenants
 from scheduler import factory
 from scheduler.config import PROVISIONING
@@ -101,8 +102,15 @@ class ModelSettings:
     # sampling defaults for what requests omit: "auto" (the model folder's
     # generation_config.json, as vLLM), "none" (OpenAI's), or a folder holding one
     generation_config: str = "auto"
+    # fill-in-the-middle tokens for `suffix` (gateway/fim.py): "auto" (a known set found in
+    # the vocabulary), "none", a known set's name, or the three tokens (prefix, suffix, middle)
+    fim: Any = "auto"
 
     def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "fim", parse_fim_setting(self.fim))
+        except ValueError as exc:
+            raise ConfigError(f"model.fim: {exc}") from None
         _require(isinstance(self.spec, str) and bool(self.spec), "model.spec", "non-empty string")
         _require(isinstance(self.generation_config, str) and bool(self.generation_config),
                  "model.generation_config", "'auto', 'none' or a folder")

@@ -15,15 +15,14 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from executors.types import Priority
 from gateway.cluster import ray_scheduler
 from gateway.config import GatewayConfig, SchedulerSettings
+from gateway.errors import ApiError, clip
+from gateway.fim import Fim, resolve_fim
 from gateway.sampling_defaults import SamplingDefaults, load_sampling_defaults
 from models.loader import load
 from models.warmup import warm_rows
 from scheduler.api import SchedulerAPI
 from scheduler.config import SchedulerConfig
-from scheduler.core.execution import cpu_threads, default_factory
-from scheduler.core.faults import faulty
-from scheduler.cost import firstrows
-from scheduler.factory import build_scheduler, parse_devices
+from scheduler.factory import build_scheduler, cpu_threads, local_executors, parse_devices
 
 if TYPE_CHECKING:
     from models import Model
@@ -47,6 +46,7 @@ class Engine:
     eos_token_ids: tuple[int, ...] = ()  # end generation unless the request sets ignore_eos
     model_aliases: tuple[str, ...] = ()  # other `model` values accepted for this model
     sampling_defaults: SamplingDefaults = SamplingDefaults()  # for what requests omit
+    fim: Fim | None = None  # fill-in-the-middle tokens; None: `suffix` is refused
     created: int = field(default_factory=lambda: int(time.time()))  # unix s, for /v1/models
 
     def __post_init__(self) -> None:
@@ -62,6 +62,14 @@ class Engine:
     @property
     def has_chat_template(self) -> bool:
         return bool(getattr(self.tokenizer, "chat_template", None))
+
+
+def check_model(engine: Engine, model: str | None) -> None:
+    """404 `model_not_found` unless a request's `model` names the served model (or is None)."""
+    if not engine.serves(model):
+        raise ApiError(404, f"The model {clip(model)} does not exist; this server serves "
+                            f"{engine.served_model_name!r}.", param="model",
+                       code="model_not_found")
 
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
@@ -89,6 +97,9 @@ def engine_for_model(model: Model, scheduler: SchedulerAPI, config: GatewayConfi
                 "; --generation-config none turns them off" if defaults.as_dict() else "")
     limit = model.config.max_position_embeddings
     max_model_len = min(config.model.max_model_len or limit, limit)
+    fim = resolve_fim(tokenizer, config.model.fim, model.config.vocab_size)
+    logger.info("fill-in-the-middle (suffix): %s", f"{fim.name} tokens {fim.tokens}" if fim
+                else "off (no known FIM tokens, or model.fim: none)")
     return Engine(
         tokenizer=tokenizer,
         scheduler=scheduler,
@@ -98,6 +109,7 @@ def engine_for_model(model: Model, scheduler: SchedulerAPI, config: GatewayConfi
         eos_token_ids=eos_ids(tokenizer, *model.config.eos_token_ids),
         model_aliases=tuple({model.name, config.model.spec} - {config.served_model_name}),
         sampling_defaults=defaults,
+        fim=fim,
     )
 
 
@@ -153,13 +165,9 @@ def build_engine(config: GatewayConfig) -> Engine:
     threads = config.scheduler.cpu_threads or cpu_threads(sum(d.kind == "cpu" for d in devices))
     model = load(config.model.spec, dtype=config.model.dtype, threads=threads)
     cfg = scheduler_config(config.scheduler, _max_len(model, config))
-    factory = default_factory(threads)
-    if config.scheduler.fault_rate > 0:
-        logger.warning("TESTING: %.2f%% of operators will fail (--fault-rate)",
-                       100 * config.scheduler.fault_rate)
-        factory = faulty(factory, config.scheduler.fault_rate)
-    if any(d.kind == "cpu" for d in devices):  # NOTE: before profiling, which it would slow
-        firstrows.PROCESS.ran(warm_rows(model, threads))
+    # NOTE: the warm-up runs before profiling, which it would slow
+    warm = warm_rows(model, threads) if any(d.kind == "cpu" for d in devices) else None
+    factory = local_executors(threads, config.scheduler.fault_rate, warm)
     sched = build_scheduler(model, devices, cfg, executor_factory=factory, threads=threads)
     return engine_for_model(model, sched, config)
 

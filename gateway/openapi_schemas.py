@@ -43,6 +43,22 @@ _OPTIONS: dict[str, S] = {  # what both generation endpoints accept
     "stop": _STOP,
     "stop_token_ids": _nullable({"type": "array", "items": INT}),
     "min_tokens": _nullable({"type": "integer", "minimum": 0}),
+    "presence_penalty": {**_nullable({"type": "number", "minimum": -2, "maximum": 2}),
+                         "description": "Subtracted from the logit of every token already "
+                                        "generated (OpenAI's); 0 = off."},
+    "frequency_penalty": {**_nullable({"type": "number", "minimum": -2, "maximum": 2}),
+                          "description": "Times its count, subtracted from the logit of every "
+                                         "token already generated (OpenAI's); 0 = off."},
+    "repetition_penalty": {**_nullable({"type": "number", "exclusiveMinimum": 0}),
+                           "description": "Divides the positive and multiplies the negative "
+                                          "logits of every prompt or generated token "
+                                          "(transformers'); 1 = off; default: the model's "
+                                          "generation_config, else 1."},
+    "logit_bias": {**_nullable({
+        "type": "object", "propertyNames": {"pattern": "^[0-9]+$"},
+        "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}}),
+        "description": "Token id (a string, below the vocabulary size) -> bias added to its "
+                       "logit; -100 bans a token, 100 forces it."},
     "ignore_eos": _nullable(BOOL),
     "stream": _nullable(BOOL),
     "stream_options": _nullable(_obj(include_usage=_nullable(BOOL))),
@@ -54,6 +70,9 @@ _OPTIONS: dict[str, S] = {  # what both generation endpoints accept
 _TOKENS: S = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
 _PROMPT: S = {"anyOf": [STR, {"type": "array", "items": STR, "minItems": 1}, _TOKENS,
                         {"type": "array", "items": _TOKENS, "minItems": 1}]}
+_SUFFIX: S = {**_nullable(STR), "description": "Fill-in-the-middle: the text after the "
+              "completion; the prompt is the text before it. Needs a model with FIM tokens "
+              "(else 400 unsupported_parameter); \"\" means none."}
 _TEXT_PART: S = _obj(("type", "text"), type={"const": "text"}, text=STR)
 _MESSAGE: S = _obj(("role",), role={"enum": ["system", "developer", "user", "assistant"]},
                    content=_nullable({"anyOf": [STR, {"type": "array", "items": _TEXT_PART}]}),
@@ -92,7 +111,7 @@ SCHEMAS: dict[str, S] = {
     "Error": _obj(("error",), error=_obj(
         ("message", "type"), message=STR, type=STR, param=_nullable(STR),
         code=_nullable(STR))),
-    "CompletionRequest": _obj(("prompt",), prompt=_PROMPT, **_OPTIONS),
+    "CompletionRequest": _obj(("prompt",), prompt=_PROMPT, suffix=_SUFFIX, **_OPTIONS),
     "ChatCompletionRequest": _obj(("messages",), messages={"type": "array", "items": _MESSAGE,
                                                            "minItems": 1},
                                   max_completion_tokens=_nullable({"type": "integer",
@@ -124,4 +143,19 @@ SCHEMAS: dict[str, S] = {
                          metadata=_nullable({"type": "object", "additionalProperties": STR})),
     "Batch": _BATCH,
     "BatchList": _page(_BATCH),
+    "TokenizeRequest": {"anyOf": [  # vLLM's: a text prompt, or chat messages
+        _obj(("prompt",), model=_nullable(STR), prompt=STR,
+             add_special_tokens=_nullable(BOOL), return_token_strs=_nullable(BOOL)),
+        _obj(("messages",), model=_nullable(STR),
+             messages={"type": "array", "items": _MESSAGE, "minItems": 1},
+             add_generation_prompt=_nullable(BOOL), continue_final_message=_nullable(BOOL),
+             add_special_tokens=_nullable(BOOL), return_token_strs=_nullable(BOOL))]},
+    "Tokenize": _obj(("count", "max_model_len", "tokens", "token_strs"), count=INT,
+                     max_model_len=INT, tokens={"type": "array", "items": INT},
+                     token_strs=_nullable({"type": "array", "items": STR})),
+    "DetokenizeRequest": _obj(("tokens",), model=_nullable(STR),
+                              tokens={"type": "array", "items": {"type": "integer",
+                                                                 "minimum": 0}}),
+    "Detokenize": _obj(("prompt",), prompt=STR),
+    "Version": _obj(("version",), version=STR),
 }

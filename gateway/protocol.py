@@ -2,9 +2,9 @@
 
 Validation is ours (never FastAPI's 422): a wrong type, a value out of range, a
 missing or empty prompt is a 400 naming the param; a known OpenAI/vLLM field
-this server does not implement (tools, response_format, logit_bias, non-zero
-penalties, n > 1, best_of, echo, suffix, logprobs, guided decoding, ...) is a
-400 with code `unsupported_parameter`; unknown fields are ignored.
+this server does not implement (tools, response_format, n > 1, best_of, echo,
+logprobs, guided decoding, ...) is a 400 with code
+`unsupported_parameter`; unknown fields are ignored.
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from typing import Any
 
 import orjson
 
-from gateway.errors import invalid, unsupported
-from gateway.fields import Fields, is_int, range_error, type_error
+from gateway.errors import clip, invalid, unsupported
+from gateway.fields import Fields, is_int, is_number, range_error, type_error
 from gateway.tenants import SERVICE_TIERS
+from models.sampling_params import MAX_LOGIT_BIAS, MAX_PENALTY
 
 CHAT_ROLES = ("system", "developer", "user", "assistant")
 
@@ -37,6 +38,11 @@ class GenerationOptions:
     top_k: int | None = None  # 0 = off (vLLM's -1 is accepted and means off)
     seed: int | None = None
     min_tokens: int = 0
+    presence_penalty: float = 0.0  # in [-2, 2], over the generated tokens
+    frequency_penalty: float = 0.0  # in [-2, 2], per occurrence among the generated tokens
+    repetition_penalty: float | None = None  # > 0, over prompt and generated tokens; 1 = off
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100]), sorted;
+    # the ids are checked against the model's vocabulary at admission
     ignore_eos: bool = False
     stop: tuple[str, ...] = ()  # matched on detokenized text
     stop_token_ids: tuple[int, ...] = ()  # vLLM extra, added to the EOS ids
@@ -56,6 +62,7 @@ class CompletionBody:
 
     options: GenerationOptions
     prompts: tuple[Prompt, ...]
+    suffix: str | None = None  # fill-in-the-middle: the text after the completion
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,12 +110,12 @@ def _no_tool_choice(value: Any) -> bool:
 
 
 _UNSUPPORTED_COMMON: dict[str, Callable[[Any], bool]] = {
-    "logit_bias": _falsy, "response_format": _text_format, "use_beam_search": _falsy,
+    "response_format": _text_format, "use_beam_search": _falsy,
     "guided_json": _null, "guided_regex": _null, "guided_choice": _null,
     "guided_grammar": _null, "structured_outputs": _null, "prompt_logprobs": _null,
 }
 _UNSUPPORTED_COMPLETION: dict[str, Callable[[Any], bool]] = {
-    "echo": _falsy, "suffix": _falsy, "logprobs": _null,
+    "echo": _falsy, "logprobs": _null,
 }
 _UNSUPPORTED_CHAT: dict[str, Callable[[Any], bool]] = {
     "tools": _falsy, "functions": _falsy, "tool_choice": _no_tool_choice,
@@ -124,11 +131,28 @@ def _reject_defaults_only(fields: Fields) -> None:
         raise unsupported("n", f"only n=1 is implemented, got {n}")
     if (best_of := fields.int_("best_of", 1, minimum=1)) != 1:
         raise unsupported("best_of", f"only best_of=1 is implemented, got {best_of}")
-    for key in ("presence_penalty", "frequency_penalty"):
-        if fields.float_(key, 0.0, minimum=-2.0, maximum=2.0) != 0.0:
-            raise unsupported(key, "only 0 is implemented")
-    if fields.float_("repetition_penalty", 1.0, above=0.0) != 1.0:
-        raise unsupported("repetition_penalty", "only 1 is implemented")
+
+
+def _logit_bias(fields: Fields) -> tuple[tuple[int, float], ...]:
+    """OpenAI `logit_bias`: an object of token ids (as strings) -> bias in [-100, 100]."""
+    value, param = fields.raw("logit_bias"), fields.name("logit_bias")
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise type_error(param, "an object mapping token ids to numbers", value)
+    bias: dict[int, float] = {}
+    for key, b in value.items():
+        if not (isinstance(key, str) and key.isascii() and key.isdigit()):
+            raise invalid(param, f"Invalid key in '{param}': {clip(key)}. Keys must be "
+                                 "non-negative integer token ids.", code="invalid_value")
+        if not is_number(b):
+            raise type_error(param, "numbers as values", b)
+        if not -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS:
+            raise invalid(param, f"Invalid value for key {key} in '{param}': {clip(b)}. "
+                                 f"Values must be in [-{MAX_LOGIT_BIAS:g}, "
+                                 f"{MAX_LOGIT_BIAS:g}].", code="invalid_value")
+        bias[int(key)] = float(b)
+    return tuple(sorted(bias.items()))
 
 
 def _options(fields: Fields, max_tokens: int | None) -> GenerationOptions:
@@ -145,6 +169,10 @@ def _options(fields: Fields, max_tokens: int | None) -> GenerationOptions:
         top_k=None if top_k is None else max(top_k, 0),
         seed=fields.int_("seed", None),
         min_tokens=fields.int_("min_tokens", 0, minimum=0) or 0,
+        presence_penalty=fields.float_("presence_penalty", 0.0, -MAX_PENALTY, MAX_PENALTY),
+        frequency_penalty=fields.float_("frequency_penalty", 0.0, -MAX_PENALTY, MAX_PENALTY),
+        repetition_penalty=fields.optional_float("repetition_penalty", above=0.0),
+        logit_bias=_logit_bias(fields),
         ignore_eos=fields.bool_("ignore_eos", False),
         stop=fields.stop(),
         stop_token_ids=fields.int_list("stop_token_ids"),
@@ -169,7 +197,10 @@ def parse_completion(body: dict[str, Any], max_prompts: int) -> CompletionBody:
     fields.reject_unsupported({**_UNSUPPORTED_COMMON, **_UNSUPPORTED_COMPLETION})
     options = _options(fields, fields.int_("max_tokens", None, minimum=1))
     _check_min_tokens(options)
-    return CompletionBody(options, _prompts(body.get("prompt"), max_prompts))
+    # NOTE: "" means no suffix, as null does; with one, an empty prompt is an empty prefix
+    suffix = fields.str_("suffix") or None
+    return CompletionBody(options, _prompts(body.get("prompt"), max_prompts,
+                                            empty_text=suffix is not None), suffix)
 
 
 def parse_chat(body: dict[str, Any]) -> ChatBody:
@@ -182,7 +213,7 @@ def parse_chat(body: dict[str, Any]) -> ChatBody:
     max_tokens = fields.int_("max_completion_tokens", max_tokens, minimum=1)
     options = _options(fields, max_tokens)
     _check_min_tokens(options)
-    return ChatBody(options, _messages(body.get("messages")))
+    return ChatBody(options, parse_messages(body.get("messages")))
 
 
 def _token_ids(value: list[Any], param: str) -> tuple[int, ...]:
@@ -193,7 +224,7 @@ def _token_ids(value: list[Any], param: str) -> tuple[int, ...]:
     return tuple(value)
 
 
-def _prompts(value: Any, max_prompts: int) -> tuple[Prompt, ...]:
+def _prompts(value: Any, max_prompts: int, empty_text: bool = False) -> tuple[Prompt, ...]:
     if value is None:
         raise invalid("prompt", "'prompt' is required.", code="missing_required_parameter")
     if isinstance(value, str):
@@ -211,7 +242,7 @@ def _prompts(value: Any, max_prompts: int) -> tuple[Prompt, ...]:
     for i, item in enumerate(value):
         param = f"prompt[{i}]" if len(value) > 1 else "prompt"
         if isinstance(item, str):
-            if not item:
+            if not item and not empty_text:
                 raise invalid(param, f"'{param}' must not be empty.", code="empty_prompt")
             prompts.append(item)
         elif isinstance(item, list):
@@ -221,7 +252,8 @@ def _prompts(value: Any, max_prompts: int) -> tuple[Prompt, ...]:
     return tuple(prompts)
 
 
-def _messages(value: Any) -> tuple[ChatMessage, ...]:
+def parse_messages(value: Any) -> tuple[ChatMessage, ...]:
+    """Validate chat `messages` (400 naming `messages` or `messages[i]...` on any problem)."""
     if value is None:
         raise invalid("messages", "'messages' is required.", code="missing_required_parameter")
     if not isinstance(value, list):

@@ -10,8 +10,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import Response
 
 from gateway.completions import generate
-from gateway.engine import Engine
-from gateway.errors import ApiError, clip, invalid
+from gateway.engine import check_model
+from gateway.errors import clip, invalid
 from gateway.fields import is_number
 from gateway.openapi import VERSION, document
 from gateway.prompts import resolve_max_tokens, tokenize_chat, tokenize_completion
@@ -24,21 +24,14 @@ from scheduler.api import DirectUnavailable
 router = APIRouter()
 
 
-def _check_model(engine: Engine, model: str | None) -> None:
-    if not engine.serves(model):
-        raise ApiError(404, f"The model {clip(model)} does not exist; this server serves "
-                            f"{engine.served_model_name!r}.", param="model",
-                       code="model_not_found")
-
-
 @router.post("/v1/completions")
 async def create_completion(request: Request) -> Response:
     state = state_of(request)
     tenant = authenticate(state.config.tenants, request.headers.get("authorization"))
     body = parse_completion(parse_json(await request.body()),
                             state.config.server.max_prompts_per_request)
-    _check_model(state.engine, body.options.model)
-    prompts = tokenize_completion(state.engine, body.prompts)
+    check_model(state.engine, body.options.model)
+    prompts = tokenize_completion(state.engine, body.prompts, body.suffix)
     return await generate(request, tenant, body.options, prompts, chat=False)
 
 
@@ -47,7 +40,7 @@ async def create_chat_completion(request: Request) -> Response:
     state = state_of(request)
     tenant = authenticate(state.config.tenants, request.headers.get("authorization"))
     body = parse_chat(parse_json(await request.body()))
-    _check_model(state.engine, body.options.model)
+    check_model(state.engine, body.options.model)
     prompt = tokenize_chat(state.engine, body.messages)
     return await generate(request, tenant, body.options, [prompt], chat=True)
 
@@ -140,8 +133,8 @@ async def admin_direct(request: Request) -> Response:
     state = state_of(request)
     authorize_admin(state.config.tenants, request.headers.get("authorization"))
     body = parse_completion(parse_json(await request.body()), 1)
-    _check_model(state.engine, body.options.model)
-    [prompt] = tokenize_completion(state.engine, body.prompts)
+    check_model(state.engine, body.options.model)
+    [prompt] = tokenize_completion(state.engine, body.prompts, body.suffix)
     max_tokens = resolve_max_tokens(body.options, len(prompt), state.engine.max_model_len,
                                     chat=False)
     try:

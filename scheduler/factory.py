@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 
 import torch
@@ -10,13 +11,17 @@ from executors.interference import Interference
 from executors.types import Device
 from models.loader import Model
 from scheduler.config import SchedulerConfig
-from scheduler.core.execution import ExecutorFactory
+from scheduler.core.execution import ExecutorFactory, cpu_threads, default_factory
+from scheduler.core.faults import faulty
+from scheduler.cost import firstrows
 from scheduler.cost.estimators import FALLBACK_BANDWIDTH_BYTES_S, FALLBACK_MARGIN, Estimators
 from scheduler.cost.profiling import cpu_hosts, fallback_coefficients, load_or_profile
 from scheduler.cost.reprofile import PairProfiler
 from scheduler.scheduler import Scheduler
 from scheduler.sim import native as simloop
 
+__all__ = ["build_scheduler", "cpu_threads", "local_executors", "parse_devices"]
+logger = logging.getLogger(__name__)
 _DEVICE = re.compile(r"^([^/\s]+/)?(cuda|cpu):\d+$")
 RAY_ALL = "ray:all"  # every device of a Ray cluster (executors/ray_cluster.py)
 
@@ -91,3 +96,17 @@ def build_scheduler(model: Model, devices: list[Device], cfg: SchedulerConfig,
                                   on_device=sched.exec.on_device)
     est.on_drift = sched.profiler.request_kind
     return sched
+
+
+def local_executors(threads: int, fault_rate: float = 0.0,
+                    first_rows: list[int] | None = None) -> ExecutorFactory:
+    """The factory of this host's executors, each on `threads` intra-op threads; with
+    `fault_rate` > 0 that share of their operators fails (`--fault-rate`, for testing).
+    `first_rows`: the batch rows a warm-up already ran (their first-run charge is paid)."""
+    if first_rows is not None:
+        firstrows.PROCESS.ran(first_rows)
+    factory = default_factory(threads)
+    if fault_rate > 0:
+        logger.warning("TESTING: %.2f%% of operators will fail (--fault-rate)", 100 * fault_rate)
+        factory = faulty(factory, fault_rate)
+    return factory

@@ -83,7 +83,7 @@ def prepare(context: BatchContext, tenant: Tenant, endpoint: str, custom_id: str
         if isinstance(parsed, ChatBody):
             prompts = [tokenize_chat(engine, parsed.messages)]
         else:
-            prompts = tokenize_completion(engine, parsed.prompts)
+            prompts = tokenize_completion(engine, parsed.prompts, parsed.suffix)
         options = parsed.options
         # NOTE: a batch line runs in `low` whatever it asks; the tenant's class only lowers it.
         priority = effective_priority(tenant.priority, Priority.LOW.label, options.priority,
