@@ -9,12 +9,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from gateway.engine import Engine, engine_for_model
+from gateway.engine import engine_for_model
 from models.loader import load
-from models.sampling_params import SamplingParams
-from scheduler.api import Request
-from scheduler.testing.fake import FakeScheduler
-from tests.gateway.harness import EngineFactory, live_server, make_config, running
+from tests.gateway.harness import EngineFactory, live_server, make_config, record_sampling, running
 from tests.scheduler.conftest import make_scheduler
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -22,24 +19,9 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 PROMPT = [5, 17, 42, 99, 17, 5, 300, 8]
 
 
-def _recording(engine: Engine) -> list[SamplingParams]:
-    """Every submitted request's SamplingParams, in order."""
-    seen: list[SamplingParams] = []
-    fake = engine.scheduler
-    assert isinstance(fake, FakeScheduler)
-    submit = fake.submit
-
-    def record(request: Request):  # type: ignore[no-untyped-def]
-        seen.append(request.sampling)
-        return submit(request)
-
-    fake.submit = record  # type: ignore[method-assign]
-    return seen
-
-
 async def test_penalties_and_bias_become_sampling_params(make_engine: EngineFactory) -> None:
     engine = make_engine()
-    seen = _recording(engine)
+    seen = record_sampling(engine)
     async with running(make_config(), engine) as h:
         for url, body in (("/v1/completions", {"prompt": "Hi"}),
                           ("/v1/chat/completions",

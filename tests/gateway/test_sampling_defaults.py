@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from gateway.__main__ import build_parser, config_from_args
-from gateway.engine import Engine, engine_for_model
+from gateway.engine import engine_for_model
 from gateway.sampling_defaults import (
     GenerationConfigError,
     SamplingDefaults,
@@ -20,10 +20,8 @@ from gateway.sampling_defaults import (
     parse_generation_config,
 )
 from models.loader import load
-from models.sampling_params import SamplingParams
-from scheduler.api import Request
 from scheduler.testing.fake import FakeScheduler
-from tests.gateway.harness import EngineFactory, make_config, running
+from tests.gateway.harness import EngineFactory, make_config, record_sampling, running
 from tests.serve import GatewayProcess
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -79,24 +77,9 @@ async def test_auto_none_and_a_folder(tmp_path: Path) -> None:
         load_sampling_defaults("auto", model)
 
 
-def _recording(engine: Engine) -> list[SamplingParams]:
-    """Every submitted request's SamplingParams, in order."""
-    seen: list[SamplingParams] = []
-    fake = engine.scheduler
-    assert isinstance(fake, FakeScheduler)
-    submit = fake.submit
-
-    def record(request: Request):  # type: ignore[no-untyped-def]
-        seen.append(request.sampling)
-        return submit(request)
-
-    fake.submit = record  # type: ignore[method-assign]
-    return seen
-
-
 async def test_defaults_fill_what_a_request_omits(make_engine: EngineFactory) -> None:
     engine = dataclasses.replace(make_engine(), sampling_defaults=RECOMMENDED)
-    seen = _recording(engine)
+    seen = record_sampling(engine)
     async with running(make_config(), engine) as h:
         models = (await h.client.get("/v1/models")).json()["data"][0]
         assert models["sampling_defaults"] == RECOMMENDED.as_dict()
@@ -118,7 +101,7 @@ async def test_defaults_fill_what_a_request_omits(make_engine: EngineFactory) ->
 
 async def test_without_defaults_the_openai_ones_apply(make_engine: EngineFactory) -> None:
     engine = make_engine()
-    seen = _recording(engine)
+    seen = record_sampling(engine)
     async with running(make_config(), engine) as h:
         assert (await h.client.get("/v1/models")).json()["data"][0]["sampling_defaults"] == {}
         await h.client.post("/v1/completions", json={"prompt": "Hi", "ignore_eos": True})
