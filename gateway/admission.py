@@ -21,6 +21,7 @@ from gateway.prompts import resolve_max_tokens
 from gateway.protocol import GenerationOptions
 from gateway.quotas import Quotas
 from gateway.responses import ResponseFormat
+from gateway.structured import constraint_for
 from gateway.tenants import Tenant
 from models.sampling_params import SamplingParams
 from scheduler.api import NO_DEVICE, SubmitError
@@ -97,7 +98,9 @@ def build_job(admission: Admission, tenant: Tenant, priority: Priority,
             request_id=f"{fmt.id}-{i}", tenant=tenant.name, priority=priority,
             prompt_token_ids=ids, sampling=_sampling(options, max_tokens[i], engine),
             ttft_slo_s=ttft_slo_s, arrival_time=arrival,
-            deadline_s=admission.request_timeout_s, cache_salt=tenant.cache_salt),
+            deadline_s=admission.request_timeout_s, cache_salt=tenant.cache_salt,
+            constraint=None if options.structured is None
+            else constraint_for(engine.grammars, options.structured)),
             engine, options.stop)
         for i, ids in enumerate(prompts)]
     lease = quotas.acquire(tenant, _charged_tokens(options, prompts, max_tokens, chat))

@@ -18,6 +18,7 @@ from gateway.config import GatewayConfig, SchedulerSettings
 from gateway.errors import ApiError, clip
 from gateway.fim import Fim, resolve_fim
 from gateway.sampling_defaults import SamplingDefaults, load_sampling_defaults
+from models.grammar import Grammars
 from models.loader import load
 from models.warmup import warm_rows
 from scheduler.api import SchedulerAPI
@@ -47,6 +48,7 @@ class Engine:
     model_aliases: tuple[str, ...] = ()  # other `model` values accepted for this model
     sampling_defaults: SamplingDefaults = SamplingDefaults()  # for what requests omit
     fim: Fim | None = None  # fill-in-the-middle tokens; None: `suffix` is refused
+    grammars: Grammars | None = None  # structured output; None: its fields are refused
     created: int = field(default_factory=lambda: int(time.time()))  # unix s, for /v1/models
 
     def __post_init__(self) -> None:
@@ -110,6 +112,7 @@ def engine_for_model(model: Model, scheduler: SchedulerAPI, config: GatewayConfi
         model_aliases=tuple({model.name, config.model.spec} - {config.served_model_name}),
         sampling_defaults=defaults,
         fim=fim,
+        grammars=Grammars(tokenizer, model.config.vocab_size),
     )
 
 

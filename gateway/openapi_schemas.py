@@ -32,6 +32,26 @@ def _ref(name: str) -> S:
     return {"$ref": f"#/components/schemas/{name}"}
 
 
+_SCHEMA: S = {"anyOf": [{"type": "object"}, STR], "description": "A JSON schema (or its "
+               "JSON text)."}
+_CHOICES: S = {"type": "array", "items": STR, "minItems": 1}
+_GRAMMAR: S = {"type": "string", "minLength": 1,
+               "description": "A Lark or GBNF grammar (llguidance's)."}
+_STRUCTURED: dict[str, S] = {  # one at most per request
+    "response_format": {**_nullable({"anyOf": [
+        _obj(("type",), type={"enum": ["text", "json_object"]}),
+        _obj(("type", "json_schema"), type={"const": "json_schema"}, json_schema=_obj(
+            ("schema",), name=STR, schema={"type": "object"}, strict=_nullable(BOOL)))]}),
+        "description": "OpenAI's: the output is any JSON object, or one valid against the "
+                       "schema."},
+    "structured_outputs": {**_nullable(_obj(
+        json=_SCHEMA, regex={"type": "string", "minLength": 1}, choice=_CHOICES,
+        grammar=_GRAMMAR, json_object=_nullable({"const": True}))),
+        "description": "vLLM's: one of json, regex, choice, grammar, json_object."},
+    "guided_json": _nullable(_SCHEMA), "guided_regex": _nullable({"type": "string",
+                                                                  "minLength": 1}),
+    "guided_choice": _nullable(_CHOICES), "guided_grammar": _nullable(_GRAMMAR),
+}
 _STOP: S = _nullable({"anyOf": [STR, {"type": "array", "items": STR}]})
 _OPTIONS: dict[str, S] = {  # what both generation endpoints accept
     "model": _nullable(STR),
@@ -66,6 +86,7 @@ _OPTIONS: dict[str, S] = {  # what both generation endpoints accept
     "priority": _nullable(INT),
     "service_tier": _nullable({"enum": list(SERVICE_TIERS)}),
     "user": _nullable(STR),
+    **_STRUCTURED,
 }
 _TOKENS: S = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
 _PROMPT: S = {"anyOf": [STR, {"type": "array", "items": STR, "minItems": 1}, _TOKENS,

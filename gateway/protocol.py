@@ -2,8 +2,7 @@
 
 Validation is ours (never FastAPI's 422): a wrong type, a value out of range, a
 missing or empty prompt is a 400 naming the param; a known OpenAI/vLLM field
-this server does not implement (tools, response_format, n > 1, best_of, echo,
-logprobs, guided decoding, ...) is a 400 with code
+this server does not implement (tools, n > 1, best_of, echo, logprobs, ...) is a 400 with code
 `unsupported_parameter`; unknown fields are ignored.
 """
 
@@ -17,6 +16,7 @@ import orjson
 
 from gateway.errors import clip, invalid, unsupported
 from gateway.fields import Fields, is_int, is_number, range_error, type_error
+from gateway.structured import Structured, parse_structured
 from gateway.tenants import SERVICE_TIERS
 from models.sampling_params import MAX_LOGIT_BIAS, MAX_PENALTY
 
@@ -51,6 +51,7 @@ class GenerationOptions:
     priority: int | None = None  # vLLM-style: lower runs first
     service_tier: str | None = None
     user: str | None = None
+    structured: Structured | None = None  # response_format / structured_outputs / guided_*
 
 
 Prompt = str | tuple[int, ...]  # text, or token ids
@@ -101,18 +102,12 @@ def _falsy(value: Any) -> bool:
     return not value
 
 
-def _text_format(value: Any) -> bool:
-    return isinstance(value, dict) and value.get("type") == "text"
-
-
 def _no_tool_choice(value: Any) -> bool:
     return value in ("none", "auto")
 
 
 _UNSUPPORTED_COMMON: dict[str, Callable[[Any], bool]] = {
-    "response_format": _text_format, "use_beam_search": _falsy,
-    "guided_json": _null, "guided_regex": _null, "guided_choice": _null,
-    "guided_grammar": _null, "structured_outputs": _null, "prompt_logprobs": _null,
+    "use_beam_search": _falsy, "prompt_logprobs": _null,
 }
 _UNSUPPORTED_COMPLETION: dict[str, Callable[[Any], bool]] = {
     "echo": _falsy, "logprobs": _null,
@@ -181,6 +176,7 @@ def _options(fields: Fields, max_tokens: int | None) -> GenerationOptions:
         priority=fields.int_("priority", None),
         service_tier=fields.str_("service_tier", None, choices=SERVICE_TIERS),
         user=fields.str_("user"),
+        structured=parse_structured(fields),
     )
 
 

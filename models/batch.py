@@ -9,6 +9,7 @@ attention together over their context gathered from the paged cache.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -48,6 +49,12 @@ class TokenHistory:
         return cls(prompt_ids if sampling.repetition_penalty != 1 else [], output_ids)
 
 
+class TokenConstraint(Protocol):
+    """A request's grammar as the sampler sees it (`models.grammar.Constraint`)."""
+
+    def banned(self) -> torch.Tensor: ...  # [V] bool, True = the next token may not be it
+
+
 @dataclass(slots=True)
 class SeqSpec:
     """One request's part of a batch, as the scheduler describes it."""
@@ -60,6 +67,7 @@ class SeqSpec:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     num_generated: int = 0  # tokens generated before this run (min_tokens, seed stream)
     history: TokenHistory | None = None  # set when it samples and `sampling.penalizes`
+    constraint: TokenConstraint | None = None  # structured output: its grammar, by reference
 
     @property
     def num_context_tokens(self) -> int:

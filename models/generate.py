@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from models.batch import Batch, SeqSpec, TokenHistory, build_batch
+from models.grammar import Constraint
 from models.kv_cache import KVCache, blocks_for
 from models.loader import Model
 from models.sampling_params import SamplingParams
@@ -42,14 +43,16 @@ class Generation:
 
 def _step_seq(rid: str, tokens: list[int], past: int, table: list[int],
               params: SamplingParams, generated: int,
-              history: TokenHistory | None = None) -> SeqSpec:
+              history: TokenHistory | None = None,
+              constraint: Constraint | None = None) -> SeqSpec:
     return SeqSpec(rid, tokens, past, table, sample=True, sampling=params,
-                   num_generated=generated, history=history)
+                   num_generated=generated, history=history, constraint=constraint)
 
 
 def generate(model: Model, prompt_ids: list[int], params: SamplingParams,
-             block_size: int = 16) -> Generation:
-    """Prefill then decode one token at a time until a stop id or max_tokens."""
+             block_size: int = 16, constraint: Constraint | None = None) -> Generation:
+    """Prefill then decode one token at a time until a stop id, max_tokens, or the end of
+    `constraint`'s grammar."""
     total = len(prompt_ids) + params.max_tokens
     kv = model.new_kv_cache(blocks_for(total, block_size), block_size)
     table = kv.allocator.allocate(blocks_for(total, block_size))
@@ -58,11 +61,15 @@ def generate(model: Model, prompt_ids: list[int], params: SamplingParams,
     history = TokenHistory.of(params, prompt_ids, out)  # reads `out` as it grows
     try:
         while True:
-            seq = _step_seq("r0", feed, past, table, params, len(out), history)
+            seq = _step_seq("r0", feed, past, table, params, len(out), history, constraint)
             token = int(run_chain(model, build_batch([seq], block_size, model.device), kv)[0])
             past += len(feed)
             out.append(token)
             reason = params.finish(token, len(out))
+            if constraint is not None:
+                constraint.advance(token)
+                if reason is None and constraint.is_complete:
+                    reason = "stop"
             if reason is not None:
                 return Generation(out, reason)
             feed = [token]

@@ -149,8 +149,18 @@ def _draw(probs: torch.Tensor, g: torch.Generator) -> int:
     return i
 
 
+def _constrain(logits: torch.Tensor, seqs: list[SeqSpec]) -> None:
+    """Each constrained row's forbidden tokens to -inf, in place (one masked_fill a row)."""
+    # logits: [S, V]
+    for i, s in enumerate(seqs):
+        if s.constraint is not None:
+            logits[i].masked_fill_(s.constraint.banned().to(logits.device), float("-inf"))
+
+
 def sample(logits: torch.Tensor, seqs: list[SeqSpec]) -> list[int]:
     """One token per sequence. logits: [S, V] for the S sampled sequences, in order."""
+    if any(s.constraint is not None for s in seqs):
+        _constrain(logits, seqs)
     if all(s.sampling.is_greedy and s.num_generated >= s.sampling.min_tokens
            and not s.sampling.adjusts_logits for s in seqs):
         # NOTE: max's indices, the first maximal value as argmax's, in ~1/3 of its time on

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from executors.types import Priority
+from models.grammar import Constraint
 from models.sampling_params import SamplingParams
 
 NO_DEVICE = "no device is available"  # starts the error of requests ended by it (HTTP 503)
@@ -73,6 +74,8 @@ class Request:
     # NOTE: keys its KV blocks in the prefix cache: requests hit each other's blocks only
     # with equal salts ("" is shared; a tenant that does not share uses its name)
     cache_salt: str = ""
+    # structured output: its grammar's matcher, advanced with each token (one per request)
+    constraint: Constraint | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

@@ -394,7 +394,8 @@ class Scheduler(Components):
                                       s.output_ids) if f.samples else None
             out.append(SeqSpec(f.rid, s.token_ids(f.past, f.num_tokens), f.past, list(table),
                                sample=f.samples, sampling=s.req.sampling,
-                               num_generated=len(s.output_ids), history=history))
+                               num_generated=len(s.output_ids), history=history,
+                               constraint=s.req.constraint if f.samples else None))
         return out
 
     # -- completions -----------------------------------------------------------------------
@@ -520,6 +521,8 @@ class Scheduler(Components):
         if s.finished:
             return
         s.output_ids.append(token)
+        if s.req.constraint is not None:
+            s.req.constraint.advance(token)  # NOTE: its next mask fills while the chain runs
         self.fair.charge(s.priority, s.tenant, 1)  # NOTE: VTC: an output token costs 2 inputs
         if len(s.output_ids) == 1:
             s.first_token_time = now
@@ -572,4 +575,6 @@ class Scheduler(Components):
 
 def _finish_reason(s: RequestState, token: int) -> FinishReason | None:
     reason = s.req.sampling.finish(token, len(s.output_ids))
+    if reason is None and s.req.constraint is not None and s.req.constraint.is_complete:
+        return FinishReason.STOP  # the grammar is complete
     return None if reason is None else FinishReason(reason)

@@ -1,12 +1,13 @@
-"""`python -m benchmarks.models chain|first-runs|compiled [--json FILE] ...`."""
+"""`python -m benchmarks.models chain|first-runs|compiled|grammar [--json FILE] ...`."""
 
 from __future__ import annotations
 
 from benchmarks.harness import Bench, dispatch
-from benchmarks.models import chain, compiled, first_runs
+from benchmarks.models import chain, compiled, first_runs, grammar
 
 BENCHES: dict[str, Bench] = {
-    "chain": chain.main, "first-runs": first_runs.main, "compiled": compiled.main}
+    "chain": chain.main, "first-runs": first_runs.main, "compiled": compiled.main,
+    "grammar": grammar.main}
 
 
 def main(argv: list[str] | None = None) -> None:

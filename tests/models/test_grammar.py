@@ -1,0 +1,54 @@
+"""models.grammar: specs compile once, a constraint masks its row only, advances, completes,
+and pickles as its step's mask."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+
+from gateway.engine import load_tokenizer
+from models.batch import SeqSpec
+from models.grammar import GrammarError, Grammars, GrammarSpec, StepMask
+from models.sampling import sample
+from models.sampling_params import SamplingParams
+
+V = 49152
+
+
+@pytest.fixture(scope="module")
+def grammars(default_model_dir: Path) -> Grammars:
+    return Grammars(load_tokenizer(default_model_dir), V)
+
+
+def test_a_choice_masks_its_row_only_and_completes(grammars: Grammars) -> None:
+    c = grammars.constraint(GrammarSpec.choice(["yes", "no"]))
+    greedy = SamplingParams(temperature=0.0)
+    logits = torch.randn(2, V)  # [2, V]
+    free = int(logits[1].argmax())
+    seqs = [SeqSpec("a", [1], 0, [0], True, greedy, constraint=c),
+            SeqSpec("b", [1], 0, [0], True, greedy)]
+    token, other = sample(logits, seqs)
+    assert other == free and not bool(c.banned()[token])
+    while not c.is_complete:
+        c.advance(token)
+        if not c.is_complete:
+            token = sample(torch.randn(1, V), [SeqSpec("a", [1], 0, [0], True, greedy,
+                                                       constraint=c)])[0]
+
+
+def test_specs_compile_once_and_errors_are_the_engine_s(grammars: Grammars) -> None:
+    spec = GrammarSpec.json_schema({"type": "object", "properties": {"a": {"type": "integer"}}})
+    assert grammars.compile(spec) is grammars.compile(GrammarSpec.json_schema(
+        {"properties": {"a": {"type": "integer"}}, "type": "object"}))
+    with pytest.raises(GrammarError, match="unclosed character class"):
+        grammars.constraint(GrammarSpec("regex", "[0-9"))
+
+
+def test_a_constraint_pickles_as_its_step_mask(grammars: Grammars) -> None:
+    c = grammars.constraint(GrammarSpec("regex", "[0-9]{3}"))
+    seq = pickle.loads(pickle.dumps(SeqSpec("a", [1], 0, [0], True, constraint=c)))
+    assert isinstance(seq.constraint, StepMask)
+    assert torch.equal(seq.constraint.banned(), c.banned())
