@@ -69,8 +69,12 @@ def _mask_stops(logits: torch.Tensor, seq: SeqSpec) -> torch.Tensor:
     # logits: [V]; stop tokens may not end generation before min_tokens
     p = seq.sampling
     if seq.num_generated < p.min_tokens and p.stop_token_ids:
-        logits = logits.clone()
-        logits[list(p.stop_token_ids)] = float("-inf")
+        masked = logits.clone()
+        masked[list(p.stop_token_ids)] = float("-inf")
+        # NOTE: where a grammar allows only a stop, the stop ends the request before
+        # min_tokens: masking it too would leave nothing to sample
+        if seq.constraint is None or bool(masked.isfinite().any()):
+            return masked
     return logits
 
 

@@ -52,3 +52,21 @@ def test_a_constraint_pickles_as_its_step_mask(grammars: Grammars) -> None:
     seq = pickle.loads(pickle.dumps(SeqSpec("a", [1], 0, [0], True, constraint=c)))
     assert isinstance(seq.constraint, StepMask)
     assert torch.equal(seq.constraint.banned(), c.banned())
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_min_tokens_never_leaves_a_constrained_row_nothing_to_sample(
+        grammars: Grammars, temperature: float) -> None:
+    """Where the grammar allows only a stop token before `min_tokens`, the stop is sampled
+    (the grammar ends the request) rather than a banned token or a NaN draw."""
+    eos = grammars.tokenizer.eos_token
+    params = SamplingParams(temperature=temperature, seed=1, max_tokens=16, min_tokens=12,
+                            stop_token_ids=(eos,))
+    c = grammars.constraint(GrammarSpec.choice(["yes"]))
+    for n in range(16):
+        seq = SeqSpec("a", [1], 0, [0], True, params, num_generated=n, constraint=c)
+        token = sample(torch.randn(1, V), [seq])[0]
+        assert not bool(c.banned()[token]), (n, token)
+        if token == eos or c.is_complete:
+            break
+        c.advance(token)
