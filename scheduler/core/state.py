@@ -117,7 +117,7 @@ class RequestState:
                 self.rid, self.req.tenant, self.priority, self.req.arrival_time,
                 self.req.ttft_slo_s, self.prompt_len, self.req.max_tokens, len(self.output_ids),
                 self.num_computed, self.placement, blocks, self.status is Status.SWAPPED,
-                cached, shared)
+                cached, shared, self.req.sampling.prompt_logprobs is not None)
         return self._view
 
     def block_keys(self, block_size: int, num_tokens: int) -> list[BlockKey]:
