@@ -16,6 +16,7 @@ from gateway.engine import Engine
 from gateway.errors import ApiError, invalid
 from gateway.generation import Generation, merge
 from gateway.job import Job
+from gateway.logprobs import Scored, TokenPieces
 from gateway.metrics import GatewayMetrics
 from gateway.prompts import resolve_max_tokens
 from gateway.protocol import GenerationOptions
@@ -57,7 +58,8 @@ def _sampling(options: GenerationOptions, max_tokens: int, engine: Engine) -> Sa
                           frequency_penalty=options.frequency_penalty,
                           repetition_penalty=_first(options.repetition_penalty,
                                                     defaults.repetition_penalty, 1.0),
-                          logit_bias=options.logit_bias)
+                          logit_bias=options.logit_bias, logprobs=options.logprobs,
+                          prompt_logprobs=options.logprobs if options.echo else None)
 
 
 def _in_vocabulary(param: str, ids: tuple[int, ...], vocab_size: int) -> None:
@@ -91,8 +93,10 @@ def build_job(admission: Admission, tenant: Tenant, priority: Priority,
     engine, quotas = admission.engine, admission.quotas
     max_tokens = [resolve_max_tokens(options, len(p), engine.max_model_len, chat,
                                      engine.sampling_defaults.max_tokens) for p in prompts]
+    pieces = None if options.logprobs is None else TokenPieces(engine.tokenizer)
     fmt = ResponseFormat(chat, f"{'chatcmpl' if chat else 'cmpl'}-{request_id}",
-                         int(time.time()), engine.served_model_name, options.include_usage)
+                         int(time.time()), engine.served_model_name, options.include_usage,
+                         pieces)
     generations = [
         Generation(i, SchedulerRequest(
             request_id=f"{fmt.id}-{i}", tenant=tenant.name, priority=priority,
@@ -101,11 +105,17 @@ def build_job(admission: Admission, tenant: Tenant, priority: Priority,
             deadline_s=admission.request_timeout_s, cache_salt=tenant.cache_salt,
             constraint=None if options.structured is None
             else constraint_for(engine.grammars, options.structured)),
-            engine, options.stop)
+            engine, options.stop, _echo(engine, ids) if options.echo else None)
         for i, ids in enumerate(prompts)]
     lease = quotas.acquire(tenant, _charged_tokens(options, prompts, max_tokens, chat))
     headers = {"x-slicegate-priority": priority.label, **quotas.headers(tenant)}
     return Job(fmt, tenant, priority, generations, lease, admission.metrics, arrival, headers)
+
+
+def _echo(engine: Engine, prompt_ids: list[int]) -> str:
+    """The prompt's text as `echo` sends it: its ids decoded (special tokens left out)."""
+    return str(engine.tokenizer.decode(prompt_ids, skip_special_tokens=True,
+                                       clean_up_tokenization_spaces=False))
 
 
 async def collect(job: Job, prompt_param: str) -> dict[str, Any]:
@@ -113,10 +123,12 @@ async def collect(job: Job, prompt_param: str) -> dict[str, Any]:
     n = len(job.generations)
     texts: list[str] = [""] * n
     finishes: list[str | None] = [None] * n
+    scored: list[list[Scored]] = [[] for _ in range(n)]
     deltas = merge(job.generations)
     try:
         async for delta in deltas:
             texts[delta.index] += delta.text
+            scored[delta.index] += delta.logprobs
             if delta.finish_reason == "error":
                 # NOTE: ended because no device is left: 503, the server may recover
                 gone = (delta.error or "").startswith(NO_DEVICE)
@@ -129,4 +141,4 @@ async def collect(job: Job, prompt_param: str) -> dict[str, Any]:
         raise job.refused(exc, prompt_param) from None
     finally:
         await deltas.aclose()
-    return job.format.response(texts, finishes, job.usage())
+    return job.format.response(texts, finishes, job.usage(), scored)

@@ -12,10 +12,11 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gateway.detokenize import IncrementalDetokenizer, StopMatcher
 from gateway.engine import Engine
+from gateway.logprobs import Scored
 from scheduler.api import FinishReason, Request, TokenEvent
 
 _FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length",
@@ -30,13 +31,17 @@ class Delta:
     text: str
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     error: str | None = None  # with finish_reason "error"
+    # the tokens whose text this delta completes (of those since the last delta), with their
+    # log-probs, when the request asked for them; the echoed prompt's tokens first
+    logprobs: tuple[Scored, ...] = ()
+    text_offset: int = 0  # characters of the choice's text before this delta
 
 
 class Generation:
     """Choice `index` of an HTTP request: submit, stream deltas, close (aborts if unfinished)."""
 
     def __init__(self, index: int, request: Request, engine: Engine,
-                 stops: tuple[str, ...]) -> None:
+                 stops: tuple[str, ...], echo: str | None = None) -> None:
         self.index = index
         self.request = request
         self._scheduler = engine.scheduler
@@ -51,6 +56,9 @@ class Generation:
         self.num_generated = 0
         self.num_cached_tokens = 0  # prompt tokens the scheduler found in its prefix cache
         self.finish_reason: str | None = None
+        self._echo = echo  # the prompt's text, sent before the first token's
+        self._scored: list[Scored] = []  # log-probs not yet sent
+        self._num_chars = 0  # characters sent
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -78,7 +86,8 @@ class Generation:
         assert self._events is not None, "submit() first"
         try:
             async for event in self._events:
-                delta = self._on_event(event)
+                self._score(event)
+                delta = self._attach(self._on_event(event))
                 if delta is not None:
                     yield delta
                 if self.finish_reason is not None:
@@ -91,6 +100,30 @@ class Generation:
             if aclose is not None:
                 with contextlib.suppress(Exception):
                     await aclose()
+
+    def _score(self, event: TokenEvent) -> None:
+        """Keep the event's log-probs (and the echoed prompt's) for the next delta."""
+        if event.prompt_logprobs is not None and self._echo is not None:
+            ids = self.request.prompt_token_ids
+            self._scored += [(t, lp) for t, lp in zip(ids, event.prompt_logprobs, strict=True)]
+        ends_on_it = (event.finish_reason is FinishReason.STOP
+                      and event.token_id in self.request.sampling.stop_token_ids)
+        if event.logprobs is not None and event.token_id is not None and not ends_on_it:
+            self._scored.append((event.token_id, event.logprobs))
+
+    def _attach(self, delta: Delta | None) -> Delta | None:
+        """The delta with the echoed prompt before its text and the log-probs kept so far."""
+        if self._echo is None and (delta is None or not self._scored):
+            if delta is not None:
+                self._num_chars += len(delta.text)
+            return delta  # NOTE: the usual request: no copy of its deltas
+        delta = delta or Delta(self.index, "")
+        echo, self._echo = self._echo or "", None
+        scored, self._scored = tuple(self._scored), []
+        delta = replace(delta, text=echo + delta.text, logprobs=scored,
+                        text_offset=self._num_chars)
+        self._num_chars += len(delta.text)
+        return delta
 
     def _on_deadline(self) -> None:
         if self.finish_reason is None:

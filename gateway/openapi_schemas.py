@@ -94,6 +94,33 @@ _PROMPT: S = {"anyOf": [STR, {"type": "array", "items": STR, "minItems": 1}, _TO
 _SUFFIX: S = {**_nullable(STR), "description": "Fill-in-the-middle: the text after the "
               "completion; the prompt is the text before it. Needs a model with FIM tokens "
               "(else 400 unsupported_parameter); \"\" means none."}
+_LOGPROBS = "natural log under the raw model distribution (before bias, penalties, "\
+    "temperature, top-k, top-p: vLLM's raw_logprobs)"
+_COMPLETION_LOGPROBS: dict[str, S] = {
+    "logprobs": {**_nullable({"type": "integer", "minimum": 0, "maximum": 20}),
+                 "description": "Log-probs of each token and of this many alternatives (0..20, "
+                                "vLLM's cap; OpenAI's is 5), " + _LOGPROBS + "."},
+    "echo": {**_nullable(BOOL), "description": "The prompt's text before the completion; with "
+             "logprobs, the prompt tokens' too (the first one's null). Not with suffix."},
+}
+_CHAT_LOGPROBS: dict[str, S] = {
+    "logprobs": {**_nullable(BOOL), "description": "Log-probs of each output token, "
+                 + _LOGPROBS + "."},
+    "top_logprobs": {**_nullable({"type": "integer", "minimum": 0, "maximum": 20}),
+                     "description": "Alternatives per token (needs logprobs: true)."},
+}
+_TOP: S = _obj(("token", "logprob", "bytes"), token=STR, logprob=NUM,
+               bytes=_nullable({"type": "array", "items": INT}))
+_CHAT_LOGPROB: S = _nullable(_obj(("content",), content=_nullable({"type": "array", "items": {
+    **_TOP, "required": ["token", "logprob", "bytes", "top_logprobs"],
+    "properties": {**_TOP["properties"], "top_logprobs": {"type": "array", "items": _TOP}}}})))
+_COMPLETION_LOGPROB: S = _nullable(_obj(
+    ("tokens", "token_logprobs", "top_logprobs", "text_offset"),
+    tokens={"type": "array", "items": STR},
+    token_logprobs={"type": "array", "items": _nullable(NUM)},
+    top_logprobs={"type": "array", "items": _nullable({"type": "object",
+                                                        "additionalProperties": NUM})},
+    text_offset={"type": "array", "items": INT}))
 _TEXT_PART: S = _obj(("type", "text"), type={"const": "text"}, text=STR)
 _MESSAGE: S = _obj(("role",), role={"enum": ["system", "developer", "user", "assistant"]},
                    content=_nullable({"anyOf": [STR, {"type": "array", "items": _TEXT_PART}]}),
@@ -132,18 +159,21 @@ SCHEMAS: dict[str, S] = {
     "Error": _obj(("error",), error=_obj(
         ("message", "type"), message=STR, type=STR, param=_nullable(STR),
         code=_nullable(STR))),
-    "CompletionRequest": _obj(("prompt",), prompt=_PROMPT, suffix=_SUFFIX, **_OPTIONS),
+    "CompletionRequest": _obj(("prompt",), prompt=_PROMPT, suffix=_SUFFIX, **_OPTIONS,
+                              **_COMPLETION_LOGPROBS),
     "ChatCompletionRequest": _obj(("messages",), messages={"type": "array", "items": _MESSAGE,
                                                            "minItems": 1},
                                   max_completion_tokens=_nullable({"type": "integer",
                                                                    "minimum": 1}),
-                                  **_OPTIONS),
+                                  **_OPTIONS, **_CHAT_LOGPROBS),
     # one SSE event: `data` holds a chunk object (JSON), an Error envelope, or `[DONE]`
     "ServerSentEvent": _obj(("data",), data=STR, event=STR),
     "Completion": _result("text_completion", _obj(
-        ("index", "text", "finish_reason"), index=INT, text=STR, finish_reason=_FINISH)),
+        ("index", "text", "finish_reason"), index=INT, text=STR, finish_reason=_FINISH,
+        logprobs=_COMPLETION_LOGPROB)),
     "ChatCompletion": _result("chat.completion", _obj(
         ("index", "message", "finish_reason"), index=INT, finish_reason=_FINISH,
+        logprobs=_CHAT_LOGPROB,
         message=_obj(("role", "content"), role={"const": "assistant"}, content=STR))),
     "ModelList": _page(_obj(("id", "object", "owned_by"), id=STR, object={"const": "model"},
                             created=INT, owned_by=STR, max_model_len=INT)),

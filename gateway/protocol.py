@@ -2,14 +2,15 @@
 
 Validation is ours (never FastAPI's 422): a wrong type, a value out of range, a
 missing or empty prompt is a 400 naming the param; a known OpenAI/vLLM field
-this server does not implement (tools, n > 1, best_of, echo, logprobs, ...) is a 400 with code
+this server does not implement (tools, n > 1, best_of, vLLM's prompt_logprobs,
+...) is a 400 with code
 `unsupported_parameter`; unknown fields are ignored.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -18,7 +19,7 @@ from gateway.errors import clip, invalid, unsupported
 from gateway.fields import Fields, is_int, is_number, range_error, type_error
 from gateway.structured import Structured, parse_structured
 from gateway.tenants import SERVICE_TIERS
-from models.sampling_params import MAX_LOGIT_BIAS, MAX_PENALTY
+from models.sampling_params import MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_PENALTY
 
 CHAT_ROLES = ("system", "developer", "user", "assistant")
 
@@ -52,6 +53,8 @@ class GenerationOptions:
     service_tier: str | None = None
     user: str | None = None
     structured: Structured | None = None  # response_format / structured_outputs / guided_*
+    logprobs: int | None = None  # alternatives per generated token, 0..20; None = no logprobs
+    echo: bool = False  # completions: the prompt's text (and its logprobs) before the output
 
 
 Prompt = str | tuple[int, ...]  # text, or token ids
@@ -109,12 +112,9 @@ def _no_tool_choice(value: Any) -> bool:
 _UNSUPPORTED_COMMON: dict[str, Callable[[Any], bool]] = {
     "use_beam_search": _falsy, "prompt_logprobs": _null,
 }
-_UNSUPPORTED_COMPLETION: dict[str, Callable[[Any], bool]] = {
-    "echo": _falsy, "logprobs": _null,
-}
 _UNSUPPORTED_CHAT: dict[str, Callable[[Any], bool]] = {
     "tools": _falsy, "functions": _falsy, "tool_choice": _no_tool_choice,
-    "function_call": _no_tool_choice, "logprobs": _falsy, "top_logprobs": _falsy,
+    "function_call": _no_tool_choice,
     "audio": _null, "modalities": lambda v: v == ["text"], "prediction": _null,
     "web_search_options": _null, "reasoning_effort": _null,
 }
@@ -148,6 +148,25 @@ def _logit_bias(fields: Fields) -> tuple[tuple[int, float], ...]:
                                  f"{MAX_LOGIT_BIAS:g}].", code="invalid_value")
         bias[int(key)] = float(b)
     return tuple(sorted(bias.items()))
+
+
+def _chat_logprobs(fields: Fields) -> int | None:
+    """Chat's `logprobs` (a boolean) and `top_logprobs` (0..20, only with it), as one count."""
+    top = fields.int_("top_logprobs", None, minimum=0, maximum=MAX_LOGPROBS)
+    if not fields.bool_("logprobs", False):
+        if top is not None:
+            raise invalid("top_logprobs", "'top_logprobs' requires 'logprobs' to be true.")
+        return None
+    return top or 0
+
+
+def _completion_logprobs(fields: Fields, suffix: str | None) -> tuple[int | None, bool]:
+    """Completions' `logprobs` (0..20: vLLM's cap, OpenAI's is 5) and `echo`."""
+    logprobs = fields.int_("logprobs", None, minimum=0, maximum=MAX_LOGPROBS)
+    echo = fields.bool_("echo", False)
+    if echo and suffix is not None:
+        raise unsupported("echo", "not with 'suffix'")
+    return logprobs, echo
 
 
 def _options(fields: Fields, max_tokens: int | None) -> GenerationOptions:
@@ -190,11 +209,13 @@ def parse_completion(body: dict[str, Any], max_prompts: int) -> CompletionBody:
     """Validate a /v1/completions body (400 ApiError on any problem)."""
     fields = Fields(body)
     _reject_defaults_only(fields)
-    fields.reject_unsupported({**_UNSUPPORTED_COMMON, **_UNSUPPORTED_COMPLETION})
+    fields.reject_unsupported(_UNSUPPORTED_COMMON)
     options = _options(fields, fields.int_("max_tokens", None, minimum=1))
     _check_min_tokens(options)
     # NOTE: "" means no suffix, as null does; with one, an empty prompt is an empty prefix
     suffix = fields.str_("suffix") or None
+    logprobs, echo = _completion_logprobs(fields, suffix)
+    options = replace(options, logprobs=logprobs, echo=echo)
     return CompletionBody(options, _prompts(body.get("prompt"), max_prompts,
                                             empty_text=suffix is not None), suffix)
 
@@ -207,7 +228,7 @@ def parse_chat(body: dict[str, Any]) -> ChatBody:
     # NOTE: max_completion_tokens supersedes the deprecated max_tokens, as in OpenAI.
     max_tokens = fields.int_("max_tokens", None, minimum=1)
     max_tokens = fields.int_("max_completion_tokens", max_tokens, minimum=1)
-    options = _options(fields, max_tokens)
+    options = replace(_options(fields, max_tokens), logprobs=_chat_logprobs(fields))
     _check_min_tokens(options)
     return ChatBody(options, parse_messages(body.get("messages")))
 

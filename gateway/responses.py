@@ -10,6 +10,7 @@ from starlette.responses import Response
 
 from gateway.errors import json_bytes
 from gateway.generation import Delta
+from gateway.logprobs import Scored, TokenPieces, chat_logprobs, completion_logprobs
 
 
 class OrjsonResponse(Response):
@@ -43,20 +44,34 @@ class ResponseFormat:
     created: int  # unix s
     model: str
     include_usage: bool = False  # stream_options.include_usage: `usage` on every chunk
+    pieces: TokenPieces | None = None  # set when the request asked for log-probs
+
+    def logprobs(self, scored: tuple[Scored, ...] | list[Scored],
+                 text_offset: int = 0) -> dict[str, Any] | None:
+        """A choice's `logprobs` object over these tokens; None when it asked for none."""
+        if self.pieces is None:
+            return None
+        if self.chat:
+            return chat_logprobs(scored, self.pieces)
+        return completion_logprobs(scored, self.pieces, text_offset)
 
     def _base(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def response(self, texts: list[str], finishes: list[str | None],
-                 used: dict[str, Any]) -> dict[str, Any]:
-        """The non-streaming response, one choice per text."""
+    def response(self, texts: list[str], finishes: list[str | None], used: dict[str, Any],
+                 scored: list[list[Scored]] | None = None) -> dict[str, Any]:
+        """The non-streaming response, one choice per text (`scored`: each one's tokens
+        with their log-probs)."""
+        lps = [self.logprobs(s) for s in scored or [[] for _ in texts]]
         if self.chat:
             choices = [{"index": i, "message": {"role": "assistant", "content": text},
-                        "logprobs": None, "finish_reason": finish}
-                       for i, (text, finish) in enumerate(zip(texts, finishes, strict=True))]
+                        "logprobs": lp, "finish_reason": finish}
+                       for i, (text, finish, lp) in enumerate(zip(texts, finishes, lps,
+                                                                  strict=True))]
             return {**self._base("chat.completion"), "choices": choices, "usage": used}
-        choices = [{"index": i, "text": text, "logprobs": None, "finish_reason": finish}
-                   for i, (text, finish) in enumerate(zip(texts, finishes, strict=True))]
+        choices = [{"index": i, "text": text, "logprobs": lp, "finish_reason": finish}
+                   for i, (text, finish, lp) in enumerate(zip(texts, finishes, lps,
+                                                              strict=True))]
         return {**self._base("text_completion"), "choices": choices, "usage": used}
 
     def role_chunk(self, index: int) -> dict[str, Any]:
@@ -66,12 +81,13 @@ class ResponseFormat:
         return self._chunk(choice)
 
     def chunk(self, delta: Delta) -> dict[str, Any]:
+        lp = None if self.pieces is None else self.logprobs(delta.logprobs, delta.text_offset)
         if self.chat:
             body = {"content": delta.text} if delta.text else {}
-            choice = {"index": delta.index, "delta": body, "logprobs": None,
+            choice = {"index": delta.index, "delta": body, "logprobs": lp,
                       "finish_reason": delta.finish_reason}
         else:
-            choice = {"index": delta.index, "text": delta.text, "logprobs": None,
+            choice = {"index": delta.index, "text": delta.text, "logprobs": lp,
                       "finish_reason": delta.finish_reason}
         return self._chunk(choice)
 

@@ -87,7 +87,7 @@ async def sse_body(job: Job, prompt_param: str,
                 yield sse(envelope(f"Generation failed: {delta.error} (request id {fmt.id})",
                                    "server_error", code="generation_error"))
                 break
-            if not (delta.text or delta.finish_reason):
+            if not (delta.text or delta.finish_reason or delta.logprobs):
                 continue
             unfinished -= delta.finish_reason is not None
             if unfinished:

@@ -68,6 +68,9 @@ class SeqSpec:
     num_generated: int = 0  # tokens generated before this run (min_tokens, seed stream)
     history: TokenHistory | None = None  # set when it samples and `sampling.penalizes`
     constraint: TokenConstraint | None = None  # structured output: its grammar, by reference
+    # the prompt tokens after each fed token, whose log-probs the head returns; set while
+    # a request that asks for `sampling.prompt_logprobs` feeds its prompt (at most one per row)
+    prompt_targets: list[int] | None = None
 
     @property
     def num_context_tokens(self) -> int:
@@ -116,6 +119,7 @@ class Batch:
     prefills: list[PrefillSeq]
     decode: DecodeGroup | None
     sample_rows: torch.Tensor  # [S] rows whose hidden state the head samples from
+    wants_logprobs: bool = False  # a sequence asks for log-probs (`models.logprobs`)
 
     @property
     def sampled_seqs(self) -> list[SeqSpec]:
@@ -190,6 +194,8 @@ def build_batch(seqs: list[SeqSpec], block_size: int, device: torch.device) -> B
         slot_mapping=torch.tensor(slots, device=device),
         prefills=prefills, decode=decode,
         sample_rows=torch.tensor(sample_rows, dtype=torch.long, device=device),
+        wants_logprobs=any(s.prompt_targets or (s.sample and s.sampling.logprobs is not None)
+                           for s in seqs),
     )
 
 

@@ -8,11 +8,12 @@ allocate KV blocks, and only write KV slots named by the batch.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from models.batch import Batch
+from models.batch import Batch, SeqSpec
 from models.choices import LayerChoice
 from models.kv_cache import KVCache
 from models.layers import (
@@ -27,6 +28,7 @@ from models.layers import (
     whole_layer_native,
 )
 from models.linear import Linear
+from models.logprobs import HeadOutput, TokenLogprobs, chunks, prompt_rows, sampled_logprobs, scored
 from models.sampling import sample
 from models.template import OpTemplate
 
@@ -84,16 +86,47 @@ class HeadOp:
     @torch.inference_mode()
     def logits(self, batch: Batch, x: torch.Tensor) -> torch.Tensor:
         # x: [T, D] -> [S, V] float32, for the sampled rows only
-        h = rms_norm(x[batch.sample_rows], self.norm, self.eps)
-        return self.lm_head(h).float()
+        return self.rows_logits(x[batch.sample_rows])
+
+    def rows_logits(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [R, D] -> [R, V] float32
+        return self.lm_head(rms_norm(x, self.norm, self.eps)).float()
 
     @torch.inference_mode()
-    def run(self, batch: Batch, x: torch.Tensor | None, kv: KVCache | None) -> torch.Tensor:
-        # -> [S] sampled token ids (long, on the CPU)
+    def run(self, batch: Batch, x: torch.Tensor | None, kv: KVCache | None) -> Any:
+        # -> [S] sampled token ids (long, on the CPU), or a HeadOutput when a row asks for
+        # log-probs. NOTE: typed Any so that op chains (`x = op.run(batch, x, kv)`) read on
         assert x is not None
+        if batch.wants_logprobs:
+            return self._with_logprobs(batch, x)
         if batch.sample_rows.numel() == 0:
             return torch.empty(0, dtype=torch.long)
         return torch.tensor(sample(self.logits(batch, x), batch.sampled_seqs), dtype=torch.long)
+
+    def _with_logprobs(self, batch: Batch, x: torch.Tensor) -> HeadOutput:
+        seqs = batch.sampled_seqs
+        tokens: list[int] = []
+        logprobs: list[TokenLogprobs | None] = []
+        if seqs:
+            logits = self.logits(batch, x)  # [S, V]
+            # NOTE: raw log-probs: `sample` masks constrained rows' logits in place
+            raw = logits.clone() if any(s.constraint is not None for s in seqs) else logits
+            tokens = sample(logits, seqs)
+            logprobs = sampled_logprobs(raw, seqs, tokens)
+        prompt = {s.request_id: self._prompt_logprobs(s, row, x)
+                  for s, row in prompt_rows(batch.seqs)}
+        return HeadOutput(torch.tensor(tokens, dtype=torch.long), logprobs, prompt)
+
+    def _prompt_logprobs(self, seq: SeqSpec, row: int, x: torch.Tensor) -> list[TokenLogprobs]:
+        """Each fed row's next prompt token (`seq.prompt_targets`), scored."""
+        # x: [T, D]; rows [row, row + len(targets)) predict the targets
+        targets = seq.prompt_targets or []
+        k = seq.sampling.prompt_logprobs or 0
+        out: list[TokenLogprobs] = []
+        for a, b in chunks(0, len(targets)):
+            lp = torch.log_softmax(self.rows_logits(x[row + a:row + b]), -1)  # [r, V]
+            out += scored(lp, torch.tensor(targets[a:b], device=x.device), k)
+        return out
 
     def to(self, device: torch.device) -> HeadOp:
         return replace(self, norm=self.norm.to(device), lm_head=self.lm_head.to(device))

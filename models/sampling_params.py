@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 MAX_PENALTY = 2.0  # |presence_penalty|, |frequency_penalty| at most (OpenAI's range)
 MAX_LOGIT_BIAS = 100.0  # |bias| at most (OpenAI's range)
+MAX_LOGPROBS = 20  # alternatives per position at most (vLLM's default cap)
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +24,10 @@ class SamplingParams:
     divides a positive logit and multiplies a negative one, then
     `frequency_penalty * count + presence_penalty * (count > 0)` is subtracted,
     counting the generated tokens only (OpenAI's rule). Neutral values change nothing.
+
+    `logprobs` / `prompt_logprobs` ask for the log-probabilities of the generated / prompt
+    tokens and that many most likely alternatives at each position (`models.logprobs`:
+    the raw model distribution, as vLLM's default). None asks for nothing.
     """
 
     temperature: float = 1.0  # 0 = greedy
@@ -36,6 +41,8 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # in [-2, 2]; 0 = off
     repetition_penalty: float = 1.0  # > 0; 1 = off
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100]), ids unique
+    logprobs: int | None = None  # top alternatives per generated token, 0..20; None = off
+    prompt_logprobs: int | None = None  # the same for each prompt token after the first
     # NOTE: computed once: the sampler asks it of every row at every step (a property took
     # ~5 us per 29 rows, against a ~1 ms greedy step)
     adjusts_logits: bool = field(init=False, repr=False, compare=False)  # a penalty or bias
@@ -52,6 +59,10 @@ class SamplingParams:
         if not 0 <= self.min_tokens <= self.max_tokens:
             raise ValueError("min_tokens must be in [0, max_tokens]")
         self._check_penalties()
+        for name in ("logprobs", "prompt_logprobs"):
+            n = getattr(self, name)
+            if n is not None and not 0 <= n <= MAX_LOGPROBS:
+                raise ValueError(f"{name} must be in [0, {MAX_LOGPROBS}]")
         object.__setattr__(self, "adjusts_logits", self.penalizes or bool(self.logit_bias))
 
     def _check_penalties(self) -> None:

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 from executors.types import Priority
 from models.grammar import Constraint
+from models.logprobs import TokenLogprobs
 from models.sampling_params import SamplingParams
 
 NO_DEVICE = "no device is available"  # starts the error of requests ended by it (HTTP 503)
@@ -37,6 +38,11 @@ class TokenEvent:
     finish_reason: FinishReason | None = None
     error: str | None = None  # set with FinishReason.ERROR
     num_cached_tokens: int = 0  # prompt tokens its first prefill found in the prefix cache
+    # set when the request asks `sampling.logprobs`: this token's (natural log, raw model)
+    logprobs: TokenLogprobs | None = None
+    # set on the first token's event when it asks `sampling.prompt_logprobs`: one per prompt
+    # token, None for the first (nothing predicts it)
+    prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None
 
 
 class SubmitError(Exception):

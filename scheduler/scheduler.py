@@ -24,6 +24,7 @@ from typing import Any
 from executors.types import Device, OpInstance, OpState, Priority
 from models.batch import BatchSource, SeqSpec, TokenHistory
 from models.loader import Model
+from models.logprobs import TokenLogprobs, unpack
 from scheduler.api import (
     NO_DEVICE,
     DirectTiming,
@@ -395,7 +396,8 @@ class Scheduler(Components):
             out.append(SeqSpec(f.rid, s.token_ids(f.past, f.num_tokens), f.past, list(table),
                                sample=f.samples, sampling=s.req.sampling,
                                num_generated=len(s.output_ids), history=history,
-                               constraint=s.req.constraint if f.samples else None))
+                               constraint=s.req.constraint if f.samples else None,
+                               prompt_targets=s.prompt_targets(f.past, f.num_tokens)))
         return out
 
     # -- completions -----------------------------------------------------------------------
@@ -509,14 +511,19 @@ class Scheduler(Components):
                 self.fair.charge(s.priority, s.tenant, f.num_tokens)
                 self.drain.record(now, max(0, min(s.prompt_len, f.past + f.num_tokens) - f.past))
         if final.template_index == len(self.model.template.ops) - 1:
+            tokens, logprobs, prompt = unpack(final.output)
+            for f in chunk:
+                if f.rid in prompt and (s := self.states.get(f.rid)) is not None:
+                    s.record_prompt_logprobs(f.past, prompt[f.rid])
             sampled = [f for f in chunk if f.samples]
-            for f, token in zip(sampled, final.output.tolist(), strict=True):
+            for i, (f, token) in enumerate(zip(sampled, tokens, strict=True)):
                 if (s := self.states.get(f.rid)) is not None:
-                    self._on_token(s, int(token))
+                    self._on_token(s, int(token), None if logprobs is None else logprobs[i])
         if index == len(plan.chunks) - 1:
             self._plan_done(plan)
 
-    def _on_token(self, s: RequestState, token: int) -> None:
+    def _on_token(self, s: RequestState, token: int,
+                  logprobs: TokenLogprobs | None = None) -> None:
         now = self.clock()
         if s.finished:
             return
@@ -532,8 +539,10 @@ class Scheduler(Components):
         s.last_token_time = now
         reason = _finish_reason(s, token)
         s.add_decode_node()
+        first = len(s.output_ids) == 1 and s.req.sampling.prompt_logprobs is not None
         s.emit(TokenEvent(token, len(s.output_ids) - 1, now, reason,
-                          num_cached_tokens=s.num_cached_tokens))
+                          num_cached_tokens=s.num_cached_tokens, logprobs=logprobs,
+                          prompt_logprobs=tuple(s.prompt_logprobs) if first else None))
         if reason is not None:
             s.ending, s.stream_closed = reason, True
 

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 
 from executors.types import Priority
+from models.logprobs import TokenLogprobs
 from models.prefix_cache import BlockKey, block_keys
 from scheduler.api import FinishReason, Request, TokenEvent
 from scheduler.core.ieg import IEGNode, NodeKind, NodeState
@@ -58,6 +59,8 @@ class RequestState:
     num_preemptions: int = 0
     num_cached_tokens: int = 0  # prompt tokens its first admission found in the prefix cache
     num_registered: int = 0  # full blocks offered to the prefix cache since its admission
+    # per prompt position, when it asks `sampling.prompt_logprobs` (filled as prefill runs)
+    prompt_logprobs: list[TokenLogprobs | None] = field(default_factory=list)
     _keys: list[BlockKey] = field(default_factory=list, repr=False)  # of its full blocks
     shed: Exception | None = None  # set when evicted from its queue: its stream raises it
     _view: RequestView | None = field(default=None, repr=False)
@@ -114,7 +117,7 @@ class RequestState:
                 self.rid, self.req.tenant, self.priority, self.req.arrival_time,
                 self.req.ttft_slo_s, self.prompt_len, self.req.max_tokens, len(self.output_ids),
                 self.num_computed, self.placement, blocks, self.status is Status.SWAPPED,
-                cached, shared)
+                cached, shared, self.req.sampling.prompt_logprobs is not None)
         return self._view
 
     def block_keys(self, block_size: int, num_tokens: int) -> list[BlockKey]:
@@ -122,8 +125,29 @@ class RequestState:
         full = min(num_tokens, self.num_tokens) // block_size
         if len(self._keys) < full:
             tokens = self.token_ids(0, full * block_size)
-            self._keys += block_keys(tokens, block_size, self.req.cache_salt, self._keys)
+            self._keys += block_keys(tokens, block_size, self._salt(), self._keys)
         return self._keys[:full]
+
+    def _salt(self) -> str:
+        # NOTE: prompt log-probs need every prompt position through the head: a request
+        # that asks for them never hits the prefix cache (as vLLM v1 skips it for them)
+        if self.req.sampling.prompt_logprobs is None:
+            return self.req.cache_salt
+        return f"{self.req.cache_salt}\x00{self.rid}"
+
+    def prompt_targets(self, past: int, num_tokens: int) -> list[int] | None:
+        """The prompt tokens that fed tokens [past, past + num_tokens) predict, when the
+        request asks for prompt log-probs (None otherwise, or when there are none)."""
+        if self.req.sampling.prompt_logprobs is None:
+            return None
+        end = min(self.prompt_len, past + num_tokens + 1)
+        return self.token_ids(past + 1, end - past - 1) if end > past + 1 else None
+
+    def record_prompt_logprobs(self, past: int, scored: list[TokenLogprobs]) -> None:
+        """Keep the log-probs of prompt tokens past + 1, ... (a recompute writes them again)."""
+        if not self.prompt_logprobs:
+            self.prompt_logprobs = [None] * self.prompt_len
+        self.prompt_logprobs[past + 1:past + 1 + len(scored)] = scored
 
     def token_ids(self, start: int, count: int) -> list[int]:
         """Tokens [start, start + count) of prompt + output."""

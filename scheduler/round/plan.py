@@ -47,6 +47,11 @@ class Feed:
         return self.past + self.num_tokens >= self.req.num_tokens
 
     @property
+    def scores_prompt(self) -> bool:
+        """The head scores the prompt tokens this chunk feeds (`SamplingParams.prompt_logprobs`)."""
+        return self.req.scores_prompt and self.past < self.req.prompt_len
+
+    @property
     def first_token(self) -> bool:
         return self.samples and self.req.num_output == 0
 
@@ -137,7 +142,8 @@ class Builder:
         mine: dict[int, OpInstance] = {}
         prev: OpInstance | None = None
         for t in self.template.ops:
-            if t.kind is OpKind.HEAD and shape.num_sampled == 0:
+            if (t.kind is OpKind.HEAD and shape.num_sampled == 0
+                    and not any(f.scores_prompt for f in chunk)):
                 break
             dev = plan.placement[t.index]
             op = self._op(plan, OpRole.COMPUTE, t.index, t.name, dev, shape, rids)

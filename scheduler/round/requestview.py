@@ -29,6 +29,7 @@ class RequestView:
     # request holds) per device with a hit; admitted alone on it, it starts after those
     cached: tuple[tuple[str, int, int], ...] = ()
     kv_shared: tuple[tuple[str, int], ...] = ()  # (device, blocks others hold too) if admitted
+    scores_prompt: bool = False  # asks for prompt log-probs: its prefill chunks run the head
 
     @property
     def ttft_deadline(self) -> float | None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from executors.types import Priority
+from models.logprobs import TokenLogprobs
 from scheduler.api import (
     DirectTiming,
     DirectUnavailable,
@@ -284,11 +285,32 @@ class FakeScheduler:
             self._record_ttft(slot)
         end = slot.request.sampling.finish(token, slot.num_generated)
         reason = None if end is None else FinishReason(end)
-        event = TokenEvent(token, index, now, reason)
+        event = TokenEvent(token, index, now, reason, logprobs=self._logprobs(slot, token),
+                           prompt_logprobs=self._prompt_logprobs(slot.request, index))
         if reason is None:
             slot.events.put_nowait(event)
         else:
             self._finish(slot, event)
+
+    def _logprobs(self, slot: _Slot, token: int) -> TokenLogprobs | None:
+        """Plausible log-probs when asked: the token first among its alternatives, at
+        -0.1, -1.1, -2.1, ... (the others drawn from the pool)."""
+        k = slot.request.sampling.logprobs
+        if k is None:
+            return None
+        others = [t for t in self._pool[:k + 1] if t != token][:max(k - 1, 0)]
+        top = ([token] + others)[:k]
+        return TokenLogprobs(token, -0.1, tuple(top), tuple(-0.1 - i for i in range(len(top))))
+
+    @staticmethod
+    def _prompt_logprobs(request: Request, index: int
+                         ) -> tuple[TokenLogprobs | None, ...] | None:
+        """With the first token, when asked: each prompt token at -1.0, top-1 itself."""
+        k = request.sampling.prompt_logprobs
+        if k is None or index != 0:
+            return None
+        ids = request.prompt_token_ids
+        return (None, *(TokenLogprobs(t, -1.0, (t,)[:k], (-1.0,)[:k]) for t in ids[1:]))
 
     def _next_token(self, slot: _Slot) -> int:
         sampling = slot.request.sampling

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import torch
 
 import models
 from executors.types import Priority
@@ -155,3 +156,39 @@ async def test_oom_candidate_is_never_issued(tiny_model: models.Model) -> None:
         await sched.stop()
     assert tokens == generate(tiny_model, _prompts()[3], GREEDY).token_ids
     assert {e["device"] for e in sched.timeline(0.0)} == {"cpu:1"}
+
+
+async def test_logprobs_travel_to_token_events_and_equal_transformers(
+        tiny_model: models.Model) -> None:
+    """Chunked prefill (600 tokens > 512 per batch) scores every prompt position; a second
+    request with the same prompt (its blocks cached) scores them all again."""
+    from transformers import AutoModelForCausalLM
+
+    prompt = [(11 * j) % 1000 + 3 for j in range(600)]
+    asks = SamplingParams(temperature=0, max_tokens=3, logprobs=2, prompt_logprobs=1)
+    sched = make_scheduler(tiny_model, "slice")
+    await sched.start()
+    try:
+        events = []
+        for i in range(2):
+            events.append([ev async for ev in sched.submit(
+                Request(f"lp{i}", "t", Priority.HIGH, prompt, asks, ttft_slo_s=1.0))])
+        plain = [ev async for ev in sched.submit(Request("g", "t", Priority.HIGH, prompt,
+                                                         GREEDY, ttft_slo_s=1.0))]
+    finally:
+        await sched.stop()
+    assert all(ev.logprobs is None and ev.prompt_logprobs is None for ev in plain)
+    tokens = [ev.token_id for ev in events[0] if ev.token_id is not None]
+    hf = AutoModelForCausalLM.from_pretrained(tiny_model.path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([prompt + tokens])).logits[0], -1)  # [n, V]
+    for evs in events:
+        first = evs[0].prompt_logprobs
+        assert first is not None and first[0] is None and len(first) == len(prompt)
+        got = torch.tensor([lp.logprob for lp in first[1:] if lp is not None])
+        want = ref[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])]
+        assert got.shape == want.shape and torch.allclose(got, want, atol=1e-3)
+        for i, ev in enumerate(e for e in evs if e.token_id is not None):
+            assert ev.logprobs is not None and ev.logprobs.token_id == tokens[i]
+            assert abs(ev.logprobs.logprob - float(ref[len(prompt) - 1 + i, tokens[i]])) < 1e-3
+            assert list(ev.logprobs.top_ids) == ref[len(prompt) - 1 + i].topk(2).indices.tolist()
