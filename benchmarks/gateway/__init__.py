@@ -1,0 +1,1 @@
+"""Benchmarks of the serving path over HTTP, one server started per run."""

@@ -1,0 +1,16 @@
+"""`python -m benchmarks.gateway features [--json FILE] ...`."""
+
+from __future__ import annotations
+
+from benchmarks.gateway import features
+from benchmarks.harness import Bench, dispatch
+
+BENCHES: dict[str, Bench] = {"features": features.main}
+
+
+def main(argv: list[str] | None = None) -> None:
+    dispatch("python -m benchmarks.gateway", BENCHES, argv)
+
+
+if __name__ == "__main__":
+    main()
