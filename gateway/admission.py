@@ -22,6 +22,8 @@ from gateway.protocol import GenerationOptions
 from gateway.quotas import Quotas
 from gateway.responses import ResponseFormat
 from gateway.tenants import Tenant
+from gateway.tools.output import tool_output
+from gateway.tools.types import ToolRequest
 from models.sampling_params import SamplingParams
 from scheduler.api import NO_DEVICE, SubmitError
 from scheduler.api import Request as SchedulerRequest
@@ -85,13 +87,18 @@ def _charged_tokens(options: GenerationOptions, prompts: list[list[int]],
 
 def build_job(admission: Admission, tenant: Tenant, priority: Priority,
               options: GenerationOptions, prompts: list[list[int]], chat: bool, *,
-              request_id: str, arrival: float, ttft_slo_s: float | None) -> Job:
-    """An admitted, not yet submitted Job: limits resolved, quota charged (429 ApiError)."""
+              request_id: str, arrival: float, ttft_slo_s: float | None,
+              tools: ToolRequest | None = None) -> Job:
+    """An admitted, not yet submitted Job: limits resolved, quota charged (429 ApiError).
+
+    With `tools` whose calls are read, the choices' text is parsed for calls by the
+    served model's format."""
     engine, quotas = admission.engine, admission.quotas
     max_tokens = [resolve_max_tokens(options, len(p), engine.max_model_len, chat,
                                      engine.sampling_defaults.max_tokens) for p in prompts]
     fmt = ResponseFormat(chat, f"{'chatcmpl' if chat else 'cmpl'}-{request_id}",
-                         int(time.time()), engine.served_model_name, options.include_usage)
+                         int(time.time()), engine.served_model_name, options.include_usage,
+                         tool_output(tools, engine.tool_format))
     generations = [
         Generation(i, SchedulerRequest(
             request_id=f"{fmt.id}-{i}", tenant=tenant.name, priority=priority,

@@ -18,6 +18,7 @@ from gateway.config import GatewayConfig, SchedulerSettings
 from gateway.errors import ApiError, clip
 from gateway.fim import Fim, resolve_fim
 from gateway.sampling_defaults import SamplingDefaults, load_sampling_defaults
+from gateway.tools.formats import DEFAULT_FORMAT, KNOWN_FORMATS, CallFormat, resolve_format
 from models.loader import load
 from models.warmup import warm_rows
 from scheduler.api import SchedulerAPI
@@ -47,6 +48,7 @@ class Engine:
     model_aliases: tuple[str, ...] = ()  # other `model` values accepted for this model
     sampling_defaults: SamplingDefaults = SamplingDefaults()  # for what requests omit
     fim: Fim | None = None  # fill-in-the-middle tokens; None: `suffix` is refused
+    tool_format: CallFormat = KNOWN_FORMATS[DEFAULT_FORMAT]  # how its tool calls are read
     created: int = field(default_factory=lambda: int(time.time()))  # unix s, for /v1/models
 
     def __post_init__(self) -> None:
@@ -100,6 +102,8 @@ def engine_for_model(model: Model, scheduler: SchedulerAPI, config: GatewayConfi
     fim = resolve_fim(tokenizer, config.model.fim, model.config.vocab_size)
     logger.info("fill-in-the-middle (suffix): %s", f"{fim.name} tokens {fim.tokens}" if fim
                 else "off (no known FIM tokens, or model.fim: none)")
+    tool_format = resolve_format(tokenizer, config.model.tool_parser, model.config.model_type)
+    logger.info("tool calls: the %s parser", tool_format.name)
     return Engine(
         tokenizer=tokenizer,
         scheduler=scheduler,
@@ -110,6 +114,7 @@ def engine_for_model(model: Model, scheduler: SchedulerAPI, config: GatewayConfi
         model_aliases=tuple({model.name, config.model.spec} - {config.served_model_name}),
         sampling_defaults=defaults,
         fim=fim,
+        tool_format=tool_format,
     )
 
 

@@ -10,6 +10,7 @@ from starlette.responses import Response
 
 from gateway.errors import json_bytes
 from gateway.generation import Delta
+from gateway.tools.output import ToolOutput
 
 
 class OrjsonResponse(Response):
@@ -43,6 +44,7 @@ class ResponseFormat:
     created: int  # unix s
     model: str
     include_usage: bool = False  # stream_options.include_usage: `usage` on every chunk
+    tools: ToolOutput | None = None  # chat with tools: read the text for calls
 
     def _base(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
@@ -51,13 +53,24 @@ class ResponseFormat:
                  used: dict[str, Any]) -> dict[str, Any]:
         """The non-streaming response, one choice per text."""
         if self.chat:
-            choices = [{"index": i, "message": {"role": "assistant", "content": text},
-                        "logprobs": None, "finish_reason": finish}
+            choices = [{"index": i, **self._message(text, finish), "logprobs": None}
                        for i, (text, finish) in enumerate(zip(texts, finishes, strict=True))]
             return {**self._base("chat.completion"), "choices": choices, "usage": used}
         choices = [{"index": i, "text": text, "logprobs": None, "finish_reason": finish}
                    for i, (text, finish) in enumerate(zip(texts, finishes, strict=True))]
         return {**self._base("text_completion"), "choices": choices, "usage": used}
+
+    def _message(self, text: str, finish: str | None) -> dict[str, Any]:
+        if self.tools is None:
+            return {"message": {"role": "assistant", "content": text}, "finish_reason": finish}
+        message, finish = self.tools.message(text, finish)
+        return {"message": message, "finish_reason": finish}
+
+    def chat_chunk(self, index: int, delta: dict[str, Any], finish_reason: str | None
+                   ) -> dict[str, Any]:
+        """A chat chunk of a given `delta` body (tool-call deltas)."""
+        return self._chunk({"index": index, "delta": delta, "logprobs": None,
+                            "finish_reason": finish_reason})
 
     def role_chunk(self, index: int) -> dict[str, Any]:
         """Chat streams open each choice with the assistant role."""
