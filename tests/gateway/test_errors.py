@@ -118,7 +118,8 @@ async def test_unsupported_completion_fields(gateway: Harness, field: str, value
 
 
 @pytest.mark.parametrize(("field", "value"), [
-    ("function_call", {"name": "f"}), ("functions", [{"name": "f"}]), ("logprobs", True), ("top_logprobs", 3),
+    ("function_call", {"name": "f"}), ("functions", [{"name": "f"}]), ("logprobs", True),
+    ("top_logprobs", 3),
     ("response_format", {"type": "json_schema"}), ("audio", {"voice": "x"}),
     ("modalities", ["text", "audio"]), ("n", 4), ("reasoning_effort", "high"),
 ])
