@@ -23,6 +23,7 @@ from gateway.engine import build_engine
 from gateway.fim import KNOWN_FIM
 from gateway.server import serve
 from gateway.tenants import TenantsFileError
+from gateway.tools.formats import KNOWN_FORMATS
 from models.cpu import keep_threads
 
 # flag dest -> config key (`section.field`)
@@ -30,6 +31,7 @@ _OVERRIDES = {
     "model": "model.spec", "served_model_name": "model.served_model_name",
     "dtype": "model.dtype", "max_model_len": "model.max_model_len",
     "generation_config": "model.generation_config", "fim": "model.fim",
+    "tool_parser": "model.tool_parser",
     "devices": "scheduler.devices", "device_memory_gib": "scheduler.device_memory_gib",
     "cpu_threads": "scheduler.cpu_threads",
     "policy": "scheduler.policy", "kv_cache_gib": "scheduler.kv_cache_gib",
@@ -67,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fill-in-the-middle tokens for `suffix`: a known set found in the "
                         "vocabulary (auto, the default), none, a known set "
                         f"({', '.join(KNOWN_FIM)}) or the three tokens")
+    s.add_argument("--tool-parser", choices=("auto", *KNOWN_FORMATS),
+                   help="how tool calls are read from the output: from the chat template and "
+                        "vocabulary (auto, the default) or a format")
     s.add_argument("--devices", help="e.g. cuda:0,cuda:1 (default: every GPU, else cpu:0,cpu:1);"
                                      " with --ray-address NODE/cpu:0,NODE/cuda:0 (NODE: an IP "
                                      "address, node id or custom resource) or ray:all (default)")

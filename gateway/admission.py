@@ -24,6 +24,8 @@ from gateway.quotas import Quotas
 from gateway.responses import ResponseFormat
 from gateway.structured import constraint_for
 from gateway.tenants import Tenant
+from gateway.tools.output import tool_output
+from gateway.tools.types import ToolRequest
 from models.sampling_params import SamplingParams
 from scheduler.api import NO_DEVICE, SubmitError
 from scheduler.api import Request as SchedulerRequest
@@ -88,15 +90,19 @@ def _charged_tokens(options: GenerationOptions, prompts: list[list[int]],
 
 def build_job(admission: Admission, tenant: Tenant, priority: Priority,
               options: GenerationOptions, prompts: list[list[int]], chat: bool, *,
-              request_id: str, arrival: float, ttft_slo_s: float | None) -> Job:
-    """An admitted, not yet submitted Job: limits resolved, quota charged (429 ApiError)."""
+              request_id: str, arrival: float, ttft_slo_s: float | None,
+              tools: ToolRequest | None = None) -> Job:
+    """An admitted, not yet submitted Job: limits resolved, quota charged (429 ApiError).
+
+    With `tools` whose calls are read, the choices' text is parsed for calls by the
+    served model's format."""
     engine, quotas = admission.engine, admission.quotas
     max_tokens = [resolve_max_tokens(options, len(p), engine.max_model_len, chat,
                                      engine.sampling_defaults.max_tokens) for p in prompts]
     pieces = None if options.logprobs is None else TokenPieces(engine.tokenizer)
     fmt = ResponseFormat(chat, f"{'chatcmpl' if chat else 'cmpl'}-{request_id}",
                          int(time.time()), engine.served_model_name, options.include_usage,
-                         pieces)
+                         pieces, tool_output(tools, engine.tool_format))
     generations = [
         Generation(i, SchedulerRequest(
             request_id=f"{fmt.id}-{i}", tenant=tenant.name, priority=priority,

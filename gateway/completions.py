@@ -23,12 +23,14 @@ from gateway.responses import OrjsonResponse
 from gateway.state import state_of
 from gateway.streaming import EventStreamResponse, first_delta, sse_body
 from gateway.tenants import Tenant, effective_priority
+from gateway.tools.types import ToolRequest
 
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"; never seen by it
 
 
 async def generate(request: Request, tenant: Tenant, options: GenerationOptions,
-                   prompts: list[list[int]], chat: bool) -> Response:
+                   prompts: list[list[int]], chat: bool,
+                   tools: ToolRequest | None = None) -> Response:
     """Admit and run a validated generation request; the HTTP response."""
     state = state_of(request)
     priority = effective_priority(tenant.priority, request.headers.get("x-priority"),
@@ -36,7 +38,7 @@ async def generate(request: Request, tenant: Tenant, options: GenerationOptions,
     try:
         job = build_job(state.admission, tenant, priority, options, prompts, chat,
                         request_id=request_id_of(request), arrival=arrival_of(request),
-                        ttft_slo_s=tenant.ttft_slo_s)
+                        ttft_slo_s=tenant.ttft_slo_s, tools=tools)
     except ApiError as exc:
         if exc.status == 429:
             state.metrics.rejected.labels(tenant.name, exc.type).inc()

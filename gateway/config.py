@@ -3,7 +3,7 @@
 A config file mirrors the tree (every key optional)::
 
     model:     {spec: default, served_model_name: null, dtype: bfloat16, max_model_len: null,
-                generation_config: auto, fim: auto}
+                generation_config: auto, fim: auto, tool_parser: auto}
     scheduler: {devices: "cpu:0,cpu:1", device_memory_gib: null, policy: slice,
                 ray_address: null}
     server:    {host: 127.0.0.1, port: 8000, drain_timeout_s: 30, request_timeout_s: 600}
@@ -28,6 +28,7 @@ import yaml
 
 from gateway.fim import parse_fim_setting
 from gateway.tenants import TenantsConfig, load_tenants
+from gateway.tools.formats import parse_tool_parser_setting
 from scheduler import factory
 from scheduler.config import PROVISIONING
 
@@ -105,8 +106,15 @@ class ModelSettings:
     # fill-in-the-middle tokens for `suffix` (gateway/fim.py): "auto" (a known set found in
     # the vocabulary), "none", a known set's name, or the three tokens (prefix, suffix, middle)
     fim: Any = "auto"
+    # how tool calls are read from the output (gateway/tools/formats.py): "auto" (from the
+    # chat template and vocabulary) or a format's name
+    tool_parser: str = "auto"
 
     def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "tool_parser", parse_tool_parser_setting(self.tool_parser))
+        except ValueError as exc:
+            raise ConfigError(f"model.tool_parser: {exc}") from None
         try:
             object.__setattr__(self, "fim", parse_fim_setting(self.fim))
         except ValueError as exc:

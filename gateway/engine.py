@@ -18,6 +18,7 @@ from gateway.config import GatewayConfig, SchedulerSettings
 from gateway.errors import ApiError, clip
 from gateway.fim import Fim, resolve_fim
 from gateway.sampling_defaults import SamplingDefaults, load_sampling_defaults
+from gateway.tools.formats import DEFAULT_FORMAT, KNOWN_FORMATS, CallFormat, resolve_format
 from models.grammar import Grammars
 from models.loader import load
 from models.warmup import warm_rows
@@ -49,6 +50,7 @@ class Engine:
     sampling_defaults: SamplingDefaults = SamplingDefaults()  # for what requests omit
     fim: Fim | None = None  # fill-in-the-middle tokens; None: `suffix` is refused
     grammars: Grammars | None = None  # structured output; None: its fields are refused
+    tool_format: CallFormat = KNOWN_FORMATS[DEFAULT_FORMAT]  # how its tool calls are read
     created: int = field(default_factory=lambda: int(time.time()))  # unix s, for /v1/models
 
     def __post_init__(self) -> None:
@@ -102,6 +104,8 @@ def engine_for_model(model: Model, scheduler: SchedulerAPI, config: GatewayConfi
     fim = resolve_fim(tokenizer, config.model.fim, model.config.vocab_size)
     logger.info("fill-in-the-middle (suffix): %s", f"{fim.name} tokens {fim.tokens}" if fim
                 else "off (no known FIM tokens, or model.fim: none)")
+    tool_format = resolve_format(tokenizer, config.model.tool_parser, model.config.model_type)
+    logger.info("tool calls: the %s parser", tool_format.name)
     return Engine(
         tokenizer=tokenizer,
         scheduler=scheduler,
@@ -113,6 +117,7 @@ def engine_for_model(model: Model, scheduler: SchedulerAPI, config: GatewayConfi
         sampling_defaults=defaults,
         fim=fim,
         grammars=Grammars(tokenizer, model.config.vocab_size),
+        tool_format=tool_format,
     )
 
 

@@ -122,12 +122,35 @@ _COMPLETION_LOGPROB: S = _nullable(_obj(
                                                         "additionalProperties": NUM})},
     text_offset={"type": "array", "items": INT}))
 _TEXT_PART: S = _obj(("type", "text"), type={"const": "text"}, text=STR)
-_MESSAGE: S = _obj(("role",), role={"enum": ["system", "developer", "user", "assistant"]},
+_FUNCTION_NAME: S = {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"}
+_CALL: S = _obj(("id", "type", "function"), id={"type": "string", "minLength": 1},
+                type={"const": "function"},
+                function=_obj(("name", "arguments"), name={"type": "string", "minLength": 1},
+                              arguments=STR))
+_MESSAGE: S = _obj(("role",), role={"enum": ["system", "developer", "user", "assistant",
+                                             "tool"]},
                    content=_nullable({"anyOf": [STR, {"type": "array", "items": _TEXT_PART}]}),
-                   name=STR)
+                   name=STR, tool_calls={**_nullable({"type": "array", "items": _CALL}),
+                                         "description": "An assistant message's calls."},
+                   tool_call_id={**STR, "description": "A tool message's call (required)."})
+_TOOLS: dict[str, S] = {
+    "tools": {**_nullable({"type": "array", "items": _obj(
+        ("type", "function"), type={"const": "function"}, function=_obj(
+            ("name",), name=_FUNCTION_NAME, description=_nullable(STR),
+            parameters=_nullable({"type": "object"}), strict=_nullable(BOOL)))}),
+        "description": "Functions the model may call; see docs/api.md, Tools."},
+    "tool_choice": {**_nullable({"anyOf": [
+        {"enum": ["none", "auto", "required"]},
+        _obj(("type", "function"), type={"const": "function"},
+             function=_obj(("name",), name=_FUNCTION_NAME))]}),
+        "description": "none | auto (the default with tools); required and a named function "
+                       "are 400 unsupported_parameter until structured output lands."},
+    "parallel_tool_calls": {**_nullable(BOOL),
+                            "description": "false: only the first call is returned."},
+}
 _USAGE: S = _obj(("prompt_tokens", "completion_tokens", "total_tokens"), prompt_tokens=INT,
                  completion_tokens=INT, total_tokens=INT)
-_FINISH: S = _nullable({"enum": ["stop", "length", "abort", "error"]})
+_FINISH: S = _nullable({"enum": ["stop", "length", "abort", "error", "tool_calls"]})
 _BASE = ("id", "object", "created", "model", "choices")
 
 
@@ -165,7 +188,7 @@ SCHEMAS: dict[str, S] = {
                                                            "minItems": 1},
                                   max_completion_tokens=_nullable({"type": "integer",
                                                                    "minimum": 1}),
-                                  **_OPTIONS, **_CHAT_LOGPROBS),
+                                  **_TOOLS, **_OPTIONS, **_CHAT_LOGPROBS),
     # one SSE event: `data` holds a chunk object (JSON), an Error envelope, or `[DONE]`
     "ServerSentEvent": _obj(("data",), data=STR, event=STR),
     "Completion": _result("text_completion", _obj(
@@ -174,7 +197,8 @@ SCHEMAS: dict[str, S] = {
     "ChatCompletion": _result("chat.completion", _obj(
         ("index", "message", "finish_reason"), index=INT, finish_reason=_FINISH,
         logprobs=_CHAT_LOGPROB,
-        message=_obj(("role", "content"), role={"const": "assistant"}, content=STR))),
+        message=_obj(("role", "content"), role={"const": "assistant"}, content=_nullable(STR),
+                     tool_calls={"type": "array", "items": _CALL}))),
     "ModelList": _page(_obj(("id", "object", "owned_by"), id=STR, object={"const": "model"},
                             created=INT, owned_by=STR, max_model_len=INT)),
     "Health": _obj(("status",), status={"enum": ["ok", "draining", "unhealthy"]},

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
@@ -9,6 +11,9 @@ from gateway.engine import Engine
 from gateway.errors import invalid
 from gateway.fim import Fim, no_fim_message
 from gateway.protocol import ChatMessage, GenerationOptions, Prompt
+from gateway.tools.formats import template_supports_tools
+from gateway.tools.render import conversation
+from gateway.tools.types import Tool
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions
 
@@ -63,19 +68,20 @@ def encode(tokenizer: PreTrainedTokenizerBase, text: str,
 
 def tokenize_chat(engine: Engine, messages: tuple[ChatMessage, ...], *,
                   add_generation_prompt: bool = True, continue_final_message: bool = False,
-                  add_special_tokens: bool = False) -> list[int]:
+                  add_special_tokens: bool = False, tools: Sequence[Tool] = ()) -> list[int]:
     """Token ids of the conversation rendered by the tokenizer's chat template.
 
-    The flags are vLLM's (its /tokenize sets them); chat completions use the defaults."""
+    `tools` are those offered to the model (gateway/tools/render.py: the template's own
+    tool rendering, else the generic prompt). The flags are vLLM's (its /tokenize sets
+    them); chat completions use the defaults."""
     if not engine.has_chat_template:
         raise invalid("messages", f"Model {engine.served_model_name!r} has no chat template; "
                                   "use /v1/completions.", code="no_chat_template")
-    # NOTE: templates rarely know OpenAI's newer "developer" role; it means "system".
-    conversation = [{"role": "system" if m.role == "developer" else m.role,
-                     "content": m.content} for m in messages]
+    chat, tool_defs = conversation(messages, tools,
+                                   native=template_supports_tools(engine.tokenizer))
     try:
         text = engine.tokenizer.apply_chat_template(
-            conversation, tokenize=False, add_generation_prompt=add_generation_prompt,
+            chat, tools=tool_defs, tokenize=False, add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message)
     except (TemplateError, ValueError) as exc:  # ValueError: continue_final_message's checks
         raise invalid("messages", f"The model's chat template rejected the messages: "

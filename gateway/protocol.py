@@ -2,8 +2,8 @@
 
 Validation is ours (never FastAPI's 422): a wrong type, a value out of range, a
 missing or empty prompt is a 400 naming the param; a known OpenAI/vLLM field
-this server does not implement (tools, n > 1, best_of, vLLM's prompt_logprobs,
-...) is a 400 with code
+this server does not implement (the legacy functions / function_call, n > 1,
+best_of, vLLM's prompt_logprobs, ...) is a 400 with code
 `unsupported_parameter`; unknown fields are ignored.
 """
 
@@ -19,9 +19,11 @@ from gateway.errors import clip, invalid, unsupported
 from gateway.fields import Fields, is_int, is_number, range_error, type_error
 from gateway.structured import Structured, parse_structured
 from gateway.tenants import SERVICE_TIERS
+from gateway.tools.request import parse_tool_calls, parse_tool_request
+from gateway.tools.types import ToolCall, ToolRequest
 from models.sampling_params import MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_PENALTY
 
-CHAT_ROLES = ("system", "developer", "user", "assistant")
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +77,8 @@ class ChatMessage:
 
     role: str  # one of CHAT_ROLES
     content: str  # text parts joined with newlines
+    tool_calls: tuple[ToolCall, ...] = ()  # an assistant's calls (its content may be "")
+    tool_call_id: str | None = None  # a "tool" message: the call it answers
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +87,7 @@ class ChatBody:
 
     options: GenerationOptions
     messages: tuple[ChatMessage, ...]
+    tools: ToolRequest | None = None  # None: no tools sent
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -113,8 +118,7 @@ _UNSUPPORTED_COMMON: dict[str, Callable[[Any], bool]] = {
     "use_beam_search": _falsy, "prompt_logprobs": _null,
 }
 _UNSUPPORTED_CHAT: dict[str, Callable[[Any], bool]] = {
-    "tools": _falsy, "functions": _falsy, "tool_choice": _no_tool_choice,
-    "function_call": _no_tool_choice,
+    "functions": _falsy, "function_call": _no_tool_choice,
     "audio": _null, "modalities": lambda v: v == ["text"], "prediction": _null,
     "web_search_options": _null, "reasoning_effort": _null,
 }
@@ -230,7 +234,7 @@ def parse_chat(body: dict[str, Any]) -> ChatBody:
     max_tokens = fields.int_("max_completion_tokens", max_tokens, minimum=1)
     options = replace(_options(fields, max_tokens), logprobs=_chat_logprobs(fields))
     _check_min_tokens(options)
-    return ChatBody(options, parse_messages(body.get("messages")))
+    return ChatBody(options, parse_messages(body.get("messages")), parse_tool_request(body))
 
 
 def _token_ids(value: list[Any], param: str) -> tuple[int, ...]:
@@ -285,18 +289,31 @@ def _message(value: Any, param: str) -> ChatMessage:
     if not isinstance(value, dict):
         raise type_error(param, "an object", value)
     role = value.get("role")
-    if role in ("tool", "function"):
-        raise unsupported(f"{param}.role", f"'{role}' messages need tool calling")
+    if role == "function":
+        raise unsupported(f"{param}.role", "the legacy 'function' role; use 'tool'")
     if not isinstance(role, str):
         raise type_error(f"{param}.role", "a string", role)
     if role not in CHAT_ROLES:
         raise range_error(f"{param}.role", f"in {', '.join(CHAT_ROLES)}", role)
-    if value.get("tool_calls"):
-        raise unsupported(f"{param}.tool_calls")
+    calls = parse_tool_calls(value.get("tool_calls"), f"{param}.tool_calls")
+    if calls and role != "assistant":
+        raise invalid(f"{param}.tool_calls", "Only assistant messages may have 'tool_calls'.")
     content = value.get("content")
     if content is None and role == "assistant":
         content = ""
-    return ChatMessage(role, _content(content, f"{param}.content"))
+    return ChatMessage(role, _content(content, f"{param}.content"), calls,
+                       _tool_call_id(value, role, param))
+
+
+def _tool_call_id(value: dict[str, Any], role: str, param: str) -> str | None:
+    call_id = value.get("tool_call_id")
+    if role != "tool":
+        return None
+    if not isinstance(call_id, str) or not call_id:
+        raise invalid(f"{param}.tool_call_id", f"'{param}.tool_call_id' is required in a "
+                                               "'tool' message and must be a string.",
+                      code="missing_required_parameter")
+    return call_id
 
 
 def _content(value: Any, param: str) -> str:

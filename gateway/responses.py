@@ -11,6 +11,7 @@ from starlette.responses import Response
 from gateway.errors import json_bytes
 from gateway.generation import Delta
 from gateway.logprobs import Scored, TokenPieces, chat_logprobs, completion_logprobs
+from gateway.tools.output import ToolOutput
 
 
 class OrjsonResponse(Response):
@@ -54,6 +55,7 @@ class ResponseFormat:
         if self.chat:
             return chat_logprobs(scored, self.pieces)
         return completion_logprobs(scored, self.pieces, text_offset)
+    tools: ToolOutput | None = None  # chat with tools: read the text for calls
 
     def _base(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
@@ -64,8 +66,7 @@ class ResponseFormat:
         with their log-probs)."""
         lps = [self.logprobs(s) for s in scored or [[] for _ in texts]]
         if self.chat:
-            choices = [{"index": i, "message": {"role": "assistant", "content": text},
-                        "logprobs": lp, "finish_reason": finish}
+            choices = [{"index": i, **self._message(text, finish), "logprobs": lp}
                        for i, (text, finish, lp) in enumerate(zip(texts, finishes, lps,
                                                                   strict=True))]
             return {**self._base("chat.completion"), "choices": choices, "usage": used}
@@ -73,6 +74,18 @@ class ResponseFormat:
                    for i, (text, finish, lp) in enumerate(zip(texts, finishes, lps,
                                                               strict=True))]
         return {**self._base("text_completion"), "choices": choices, "usage": used}
+
+    def _message(self, text: str, finish: str | None) -> dict[str, Any]:
+        if self.tools is None:
+            return {"message": {"role": "assistant", "content": text}, "finish_reason": finish}
+        message, finish = self.tools.message(text, finish)
+        return {"message": message, "finish_reason": finish}
+
+    def chat_chunk(self, index: int, delta: dict[str, Any], finish_reason: str | None
+                   ) -> dict[str, Any]:
+        """A chat chunk of a given `delta` body (tool-call deltas)."""
+        return self._chunk({"index": index, "delta": delta, "logprobs": None,
+                            "finish_reason": finish_reason})
 
     def role_chunk(self, index: int) -> dict[str, Any]:
         """Chat streams open each choice with the assistant role."""

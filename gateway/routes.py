@@ -19,6 +19,7 @@ from gateway.protocol import parse_chat, parse_completion, parse_json
 from gateway.responses import json_response
 from gateway.state import state_of
 from gateway.tenants import authenticate, authorize_admin, bearer_key
+from gateway.tools.types import offered_tools
 from scheduler.api import DirectUnavailable
 
 router = APIRouter()
@@ -41,8 +42,9 @@ async def create_chat_completion(request: Request) -> Response:
     tenant = authenticate(state.config.tenants, request.headers.get("authorization"))
     body = parse_chat(parse_json(await request.body()))
     check_model(state.engine, body.options.model)
-    prompt = tokenize_chat(state.engine, body.messages)
-    return await generate(request, tenant, body.options, [prompt], chat=True)
+    prompt = tokenize_chat(state.engine, body.messages, tools=offered_tools(body.tools))
+    return await generate(request, tenant, body.options, [prompt], chat=True,
+                          tools=body.tools)
 
 
 @router.get("/v1/models")

@@ -9,7 +9,7 @@ frees its KV blocks.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any
 
 from starlette.responses import Response
@@ -19,6 +19,8 @@ from gateway.disconnect import unless_disconnected
 from gateway.errors import envelope, json_bytes
 from gateway.generation import Delta, merge
 from gateway.job import Job
+from gateway.responses import ResponseFormat
+from gateway.tools.output import ChoiceDeltas
 from scheduler.api import SubmitError
 
 logger = logging.getLogger("gateway")
@@ -78,6 +80,7 @@ async def sse_body(job: Job, prompt_param: str,
     # NOTE: the last choice's last chunk, the usage chunk and [DONE] leave in one write
     # (with the response's end, `EventStreamResponse`): ~0.1-0.2 ms a write saved
     tail, unfinished = b"", len(job.generations)
+    events = _events(fmt)
     try:
         if fmt.chat:
             for generation in job.generations:
@@ -91,9 +94,10 @@ async def sse_body(job: Job, prompt_param: str,
                 continue
             unfinished -= delta.finish_reason is not None
             if unfinished:
-                yield sse(fmt.chunk(delta))
+                if body := events(delta):
+                    yield body
             else:
-                tail = sse(fmt.chunk(delta))
+                tail = events(delta)
         else:
             if fmt.include_usage:
                 tail += sse(fmt.usage_chunk(job.usage()))
@@ -111,6 +115,21 @@ async def sse_body(job: Job, prompt_param: str,
         for generation in job.generations:  # the body may be closed before merge ever ran
             generation.close()
         job.finish()
+
+
+def _events(fmt: ResponseFormat) -> Callable[[Delta], bytes]:
+    """A delta's SSE events: its chunk, or with tools the chunks of its content and calls
+    (gateway/tools/output.py; none while text is held back)."""
+    tools = fmt.tools
+    if tools is None:
+        return lambda delta: sse(fmt.chunk(delta))
+    streams: dict[int, ChoiceDeltas] = {}
+
+    def events(delta: Delta) -> bytes:
+        stream = streams.setdefault(delta.index, tools.stream())
+        return b"".join(sse(fmt.chat_chunk(delta.index, body, finish))
+                        for body, finish in stream.feed(delta.text, delta.finish_reason))
+    return events
 
 
 class EventStreamResponse(Response):

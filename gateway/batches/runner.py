@@ -26,6 +26,7 @@ from gateway.job import Job
 from gateway.prompts import tokenize_chat, tokenize_completion
 from gateway.protocol import ChatBody
 from gateway.tenants import Tenant, effective_priority
+from gateway.tools.types import offered_tools
 
 _RETRY_STATUSES = (429, 503)  # quota, overloaded, draining: not the line's fault
 
@@ -81,7 +82,7 @@ def prepare(context: BatchContext, tenant: Tenant, endpoint: str, custom_id: str
                             context.max_prompts_per_request)
         chat = isinstance(parsed, ChatBody)
         if isinstance(parsed, ChatBody):
-            prompts = [tokenize_chat(engine, parsed.messages)]
+            prompts = [tokenize_chat(engine, parsed.messages, tools=offered_tools(parsed.tools))]
         else:
             prompts = tokenize_completion(engine, parsed.prompts, parsed.suffix)
         options = parsed.options
@@ -89,7 +90,8 @@ def prepare(context: BatchContext, tenant: Tenant, endpoint: str, custom_id: str
         priority = effective_priority(tenant.priority, Priority.LOW.label, options.priority,
                                       options.service_tier)
         job = build_job(context.admission, tenant, priority, options, prompts, chat,
-                        request_id=request_id, arrival=time.monotonic(), ttft_slo_s=None)
+                        request_id=request_id, arrival=time.monotonic(), ttft_slo_s=None,
+                        tools=parsed.tools if isinstance(parsed, ChatBody) else None)
         prompt_param = "messages" if chat else "prompt"
         job.submit(prompt_param)
     except ApiError as exc:

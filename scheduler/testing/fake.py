@@ -50,13 +50,15 @@ class FakeConfig:
     num_kv_blocks: int = 1 << 16
     eos_after: int | None = None  # emit stop_token_ids[0] as token #eos_after (>= min_tokens)
     error_after: int | None = None  # end with FinishReason.ERROR after this many tokens
+    script: tuple[int, ...] = ()  # every request's first tokens, in order; then its first
+    # stop token (if it has one), as a model that says this and ends
     device: str = "cpu:0"
 
     def __post_init__(self) -> None:
         if self.vocab_size < 1:
             raise ValueError("vocab_size must be >= 1")
-        if any(not 0 <= t < self.vocab_size for t in self.token_ids):
-            raise ValueError("token_ids must lie in [0, vocab_size)")
+        if any(not 0 <= t < self.vocab_size for t in (*self.token_ids, *self.script)):
+            raise ValueError("token_ids and script must lie in [0, vocab_size)")
         if self.token_delay_s < 0:
             raise ValueError("token_delay_s must be >= 0")
         if min(self.max_model_len, self.max_running, self.kv_block_tokens,
@@ -317,6 +319,9 @@ class FakeScheduler:
         index = slot.num_generated
         stops = sampling.stop_token_ids
         eos_after = self.config.eos_after
+        script = self.config.script
+        if script:
+            return script[index] if index < len(script) else (stops or self._pool)[0]
         if stops and eos_after is not None and index >= max(eos_after, sampling.min_tokens):
             return stops[0]
         token = self._pool[slot.rng.randrange(len(self._pool))]

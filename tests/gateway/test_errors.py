@@ -90,13 +90,16 @@ async def test_empty_prompt(gateway: Harness, body: dict[str, Any], param: str) 
     ({}, "messages"), ({"messages": []}, "messages"), ({"messages": "hi"}, "messages"),
     ({"messages": [{"role": "user"}]}, "messages[0].content"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
-    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
+    ({"messages": [{"role": "function", "content": "x"}]}, "messages[0].role"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
      "messages[0].content[0].type"),
     ({"messages": [{"role": "user", "content": [{"type": "text"}]}]},
      "messages[0].content[0].text"),
     ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]}]},
-     "messages[0].tool_calls"),
+     "messages[0].tool_calls[0].function"),
+    ({"messages": CHAT, "tools": [{"type": "function"}]}, "tools[0].function"),
+    ({"messages": CHAT, "tool_choice": "required"}, "tool_choice"),
     ({"messages": CHAT, "max_completion_tokens": "9"}, "max_completion_tokens"),
 ])
 async def test_bad_chat_bodies(gateway: Harness, body: dict[str, Any], param: str) -> None:
@@ -114,8 +117,7 @@ async def test_unsupported_completion_fields(gateway: Harness, field: str, value
 
 
 @pytest.mark.parametrize(("field", "value"), [
-    ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "required"),
-    ("functions", [{"name": "f"}]), ("prompt_logprobs", 1),
+    ("function_call", {"name": "f"}), ("functions", [{"name": "f"}]), ("prompt_logprobs", 1),
     ("audio", {"voice": "x"}),
     ("modalities", ["text", "audio"]), ("n", 4), ("reasoning_effort", "high"),
 ])
