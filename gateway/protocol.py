@@ -17,7 +17,7 @@ import orjson
 
 from gateway.errors import clip, invalid, unsupported
 from gateway.fields import Fields, is_int, is_number, range_error, type_error
-from gateway.structured import Structured, parse_structured
+from gateway.structured import Structured, for_tools, parse_structured
 from gateway.tenants import SERVICE_TIERS
 from gateway.tools.request import parse_tool_calls, parse_tool_request
 from gateway.tools.types import ToolCall, ToolRequest
@@ -234,7 +234,10 @@ def parse_chat(body: dict[str, Any]) -> ChatBody:
     max_tokens = fields.int_("max_completion_tokens", max_tokens, minimum=1)
     options = replace(_options(fields, max_tokens), logprobs=_chat_logprobs(fields))
     _check_min_tokens(options)
-    return ChatBody(options, parse_messages(body.get("messages")), parse_tool_request(body))
+    tools = parse_tool_request(body)
+    if tools is not None and tools.forced:
+        options = replace(options, structured=for_tools(tools, options.structured))
+    return ChatBody(options, parse_messages(body.get("messages")), tools)
 
 
 def _token_ids(value: list[Any], param: str) -> tuple[int, ...]:

@@ -14,6 +14,8 @@ from typing import Any
 
 from gateway.errors import invalid, unsupported
 from gateway.fields import Fields, type_error
+from gateway.tools.schema import calls_schema
+from gateway.tools.types import ToolRequest
 from models.grammar import GrammarError, Grammars, GrammarSpec
 
 STRUCTURED_OUTPUTS = ("json", "regex", "choice", "grammar", "json_object")
@@ -112,3 +114,16 @@ def constraint_for(grammars: Grammars | None, structured: Structured) -> Any:
     except GrammarError as exc:
         raise invalid(structured.param, f"Invalid '{structured.param}': {exc}",
                       code="invalid_value") from None
+
+
+def for_tools(request: ToolRequest, asked: Structured | None) -> Structured:
+    """The grammar that enforces `tool_choice` "required" or a named function (the output
+    is then the calls, `gateway.tools.schema.calls_schema`); 400 when the request asks for
+    a grammar of its own too."""
+    if asked is not None:
+        raise invalid(asked.param, f"'{asked.param}' cannot be combined with tool_choice "
+                                   f"'{request.choice}': the output is then the tool calls.",
+                      code="invalid_value")
+    schema = calls_schema(request)
+    assert schema is not None, "a forced tool_choice has a schema"
+    return Structured(GrammarSpec.json_schema(schema), "tool_choice")

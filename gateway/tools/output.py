@@ -14,6 +14,7 @@ from typing import Any
 
 from gateway.tools.formats import CallFormat
 from gateway.tools.parse import FoundCall, parse_calls
+from gateway.tools.schema import FORCED
 from gateway.tools.stream import CallStream
 from gateway.tools.types import ToolRequest
 
@@ -37,7 +38,7 @@ def tool_output(request: ToolRequest | None, fmt: CallFormat) -> ToolOutput | No
     """How a request's output is read for calls; None: as plain text."""
     if request is None or not request.parses:
         return None
-    return ToolOutput(fmt, request.parallel)
+    return ToolOutput(FORCED if request.forced else fmt, request.parallel)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.errors import invalid, unsupported
+from gateway.errors import invalid
 from gateway.fields import Fields, range_error, type_error
 from gateway.tools.types import AUTO, FUNCTION, NONE, REQUIRED, Tool, ToolCall, ToolRequest
 
@@ -26,18 +26,7 @@ def parse_tool_request(body: Mapping[str, Any]) -> ToolRequest | None:
     choice, function = _choice(body.get("tool_choice"), tools)
     if not tools:
         return None
-    _refuse_forced(choice)
     return ToolRequest(tools, choice, function, bool(parallel))
-
-
-def _refuse_forced(choice: str) -> None:
-    """NOTE: "required" and a named function are enforced by structured output (the grammar
-    engine, with `gateway.tools.schema.calls_schema`); until it is wired, they are 400s."""
-    if choice in (REQUIRED, FUNCTION):
-        what = "'required'" if choice == REQUIRED else "a named function"
-        raise unsupported("tool_choice", f"tool_choice {what} needs structured output to "
-                                         "enforce it, which this server does not have yet; "
-                                         "use 'auto' or 'none'")
 
 
 def _tools(value: Any) -> tuple[Tool, ...]:

@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.tools.formats import CallFormat
 from gateway.tools.types import FUNCTION, REQUIRED, Tool, ToolRequest, plain
+
+# NOTE: what `calls_schema` makes the model write, read as calls: a JSON array of
+# {"name", "arguments"} from the output's start (Mistral's list without its marker)
+FORCED = CallFormat("forced", triggers=("[",), at_start=True, list_open="[", list_close="]",
+                    separator=",", args_keys=("arguments",))
 
 
 def call_schema(tool: Tool) -> dict[str, Any]:

@@ -60,6 +60,12 @@ class ToolRequest:
         return bool(self.tools) and self.choice != NONE
 
     @property
+    def forced(self) -> bool:
+        """Whether the output must be calls ("required" or a named function), enforced by
+        structured output (`gateway.tools.schema.calls_schema`)."""
+        return self.choice in (REQUIRED, FUNCTION)
+
+    @property
     def parses(self) -> bool:
         """Whether calls are read out of the generated text."""
         return self.offered

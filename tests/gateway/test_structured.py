@@ -127,3 +127,41 @@ def test_bad_specs_are_400s_naming_the_param(live: LiveServer, body: dict[str, A
                    json={"prompt": "x", "max_tokens": 4, **body})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 24},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "parameters": {"type": "object", "properties": {
+        "zone": {"type": "string", "maxLength": 24}}, "required": ["zone"]}}}
+
+
+@pytest.mark.parametrize("choice", [
+    "required", {"type": "function", "function": {"name": "get_weather"}}])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_forced_tool_choice_returns_calls_whose_arguments_validate(
+        live: LiveServer, choice: Any, stream: bool) -> None:
+    """The default model never learnt tools; `tool_choice` "required" or a named function
+    still gets a call whose arguments validate against the function's parameters."""
+    client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="sk-ide-1", max_retries=0)
+    messages: Any = [{"role": "user", "content": "What is the weather in Paris?"}]
+    kw: Any = {"model": "default", "messages": messages, "max_tokens": 80, "temperature": 0,
+               "tools": [WEATHER, TIME], "tool_choice": choice, "parallel_tool_calls": False}
+    if stream:
+        with client.beta.chat.completions.stream(**kw) as s:
+            done = s.get_final_completion()
+    else:
+        done = client.chat.completions.create(**kw)
+    [c] = done.choices
+    assert c.finish_reason == "tool_calls", c
+    [call] = c.message.tool_calls or []
+    schemas = {"get_weather": WEATHER, "get_time": TIME}
+    if choice != "required":
+        assert call.function.name == "get_weather"
+    fn: Any = schemas[call.function.name]["function"]
+    jsonschema.validate(json.loads(call.function.arguments), fn["parameters"])
+

@@ -3,12 +3,14 @@ the param."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
 from gateway.errors import ApiError
 from gateway.protocol import parse_chat
+from gateway.tools.schema import calls_schema
 from gateway.tools.types import Tool, ToolCall
 
 WEATHER = {"type": "function", "function": {
@@ -62,10 +64,19 @@ def test_malformed_tools_name_the_param(body: dict[str, Any], param: str) -> Non
 
 @pytest.mark.parametrize("choice", ["required",
                                     {"type": "function", "function": {"name": "get_weather"}}])
-def test_forced_choices_wait_for_structured_output(choice: Any) -> None:
+def test_forced_choices_are_enforced_by_a_json_schema(choice: Any) -> None:
+    body = _chat(tools=[WEATHER], tool_choice=choice)
+    structured = body.options.structured
+    assert structured is not None and structured.param == "tool_choice"
+    assert structured.spec.kind == "json_schema"
+    assert json.loads(structured.spec.text) == calls_schema(body.tools)  # type: ignore[arg-type]
     with pytest.raises(ApiError) as err:
-        _chat(tools=[WEATHER], tool_choice=choice)
-    assert (err.value.param, err.value.code) == ("tool_choice", "unsupported_parameter")
+        _chat(tools=[WEATHER], tool_choice=choice, response_format={"type": "json_object"})
+    assert (err.value.param, err.value.code) == ("response_format", "invalid_value")
+
+
+def test_auto_leaves_the_output_free() -> None:
+    assert _chat(tools=[WEATHER], tool_choice="auto").options.structured is None
 
 
 def test_tool_messages_parse() -> None:
