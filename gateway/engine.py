@@ -49,6 +49,7 @@ class Engine:
     sampling_defaults: SamplingDefaults = SamplingDefaults()  # for what requests omit
     fim: Fim | None = None  # fill-in-the-middle tokens; None: `suffix` is refused
     grammars: Grammars | None = None  # structured output; None: its fields are refused
+    prefix_caching: bool = True  # the scheduler's; `n` choices then share one prefill
     created: int = field(default_factory=lambda: int(time.time()))  # unix s, for /v1/models
 
     def __post_init__(self) -> None:
@@ -113,6 +114,7 @@ def engine_for_model(model: Model, scheduler: SchedulerAPI, config: GatewayConfi
         sampling_defaults=defaults,
         fim=fim,
         grammars=Grammars(tokenizer, model.config.vocab_size),
+        prefix_caching=config.scheduler.prefix_cache,
     )
 
 
