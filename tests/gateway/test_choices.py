@@ -219,6 +219,18 @@ async def test_an_aborted_stream_of_n_frees_everything(make_engine: EngineFactor
         assert fake.abort_reasons["abort"] == len(seen)
 
 
+async def test_a_deadline_before_the_first_token_ends_every_choice(make_engine: EngineFactory
+                                                                    ) -> None:
+    engine = make_engine(token_delay_s=0.5)
+    async with running(make_config(request_timeout_s=0.1), engine) as h:
+        seen = _submissions(h.engine)
+        r = await h.client.post("/v1/completions", json={"prompt": PROMPT, "n": 3})
+        assert r.status_code == 200, r.text
+        assert [c["finish_reason"] for c in r.json()["choices"]] == ["length"] * 3
+        assert len(seen) == 1  # the later choices were never submitted
+        assert h.fake.num_requests == 0 and h.fake.kv_blocks_in_use == 0
+
+
 # ---- the real scheduler on the tiny model ---------------------------------------------------
 
 @pytest.fixture(scope="module")
