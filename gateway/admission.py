@@ -8,7 +8,7 @@ it takes the app's parts as an `Admission`, so it imports neither the app state 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from executors.types import Priority
@@ -81,11 +81,12 @@ def _first(given: _T | None, default: _T | None, fallback: _T) -> _T:
 def _charged_tokens(options: GenerationOptions, prompts: list[list[int]],
                     max_tokens: list[int], chat: bool) -> int:
     # NOTE: chat without max_tokens is charged its prompt only, as OpenAI estimates it;
-    # settling at the end charges what was really generated.
+    # settling at the end charges what was really generated. Each prompt once, each of its
+    # n choices its max_tokens.
     prompt_tokens = sum(len(p) for p in prompts)
     if chat and options.max_tokens is None:
         return prompt_tokens
-    return prompt_tokens + sum(max_tokens)
+    return prompt_tokens + options.n * sum(max_tokens)
 
 
 def build_job(admission: Admission, tenant: Tenant, priority: Priority,
@@ -103,19 +104,42 @@ def build_job(admission: Admission, tenant: Tenant, priority: Priority,
     fmt = ResponseFormat(chat, f"{'chatcmpl' if chat else 'cmpl'}-{request_id}",
                          int(time.time()), engine.served_model_name, options.include_usage,
                          pieces, tool_output(tools, engine.tool_format))
-    generations = [
-        Generation(i, SchedulerRequest(
-            request_id=f"{fmt.id}-{i}", tenant=tenant.name, priority=priority,
-            prompt_token_ids=ids, sampling=_sampling(options, max_tokens[i], engine),
-            ttft_slo_s=ttft_slo_s, arrival_time=arrival,
-            deadline_s=admission.request_timeout_s, cache_salt=tenant.cache_salt,
-            constraint=None if options.structured is None
-            else constraint_for(engine.grammars, options.structured)),
-            engine, options.stop, _echo(engine, ids) if options.echo else None)
-        for i, ids in enumerate(prompts)]
+    generations: list[Generation] = []
+    for p, ids in enumerate(prompts):
+        sampling = _sampling(options, max_tokens[p], engine)
+        echo = _echo(engine, ids) if options.echo else None
+        leader = None
+        for j in range(options.n):
+            i = p * options.n + j  # NOTE: prompt-major, as vLLM orders the choices
+            generation = Generation(i, SchedulerRequest(
+                request_id=f"{fmt.id}-{i}", tenant=tenant.name, priority=priority,
+                prompt_token_ids=ids, sampling=_choice_sampling(sampling, j),
+                ttft_slo_s=ttft_slo_s, arrival_time=arrival,
+                deadline_s=admission.request_timeout_s, cache_salt=tenant.cache_salt,
+                constraint=None if options.structured is None
+                else constraint_for(engine.grammars, options.structured)),
+                engine, options.stop, echo, leader)
+            generations.append(generation)
+            if j == 0 and _share_prefill(options, engine):
+                leader = generation
     lease = quotas.acquire(tenant, _charged_tokens(options, prompts, max_tokens, chat))
     headers = {"x-slicegate-priority": priority.label, **quotas.headers(tenant)}
-    return Job(fmt, tenant, priority, generations, lease, admission.metrics, arrival, headers)
+    return Job(fmt, tenant, priority, generations, lease, admission.metrics, arrival, headers,
+               n=options.n)
+
+
+def _choice_sampling(sampling: SamplingParams, j: int) -> SamplingParams:
+    """Choice j's sampling: with a seed, its own (seed + j), so each choice is reproducible."""
+    if j == 0 or sampling.seed is None:
+        return sampling
+    return replace(sampling, seed=sampling.seed + j)
+
+
+def _share_prefill(options: GenerationOptions, engine: Engine) -> bool:
+    """Whether a prompt's later choices wait for its first one's prefill, to find its blocks
+    in the prefix cache. NOTE: not where nothing is cached (prefix caching off, or prompt
+    log-probs for echo, which skip the cache): all n go at once."""
+    return options.n > 1 and engine.prefix_caching and not options.echo
 
 
 def _echo(engine: Engine, prompt_ids: list[int]) -> str:

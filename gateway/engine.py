@@ -51,6 +51,7 @@ class Engine:
     fim: Fim | None = None  # fill-in-the-middle tokens; None: `suffix` is refused
     grammars: Grammars | None = None  # structured output; None: its fields are refused
     tool_format: CallFormat = KNOWN_FORMATS[DEFAULT_FORMAT]  # how its tool calls are read
+    prefix_caching: bool = True  # the scheduler's; `n` choices then share one prefill
     created: int = field(default_factory=lambda: int(time.time()))  # unix s, for /v1/models
 
     def __post_init__(self) -> None:
@@ -118,6 +119,7 @@ def engine_for_model(model: Model, scheduler: SchedulerAPI, config: GatewayConfi
         fim=fim,
         grammars=Grammars(tokenizer, model.config.vocab_size),
         tool_format=tool_format,
+        prefix_caching=config.scheduler.prefix_cache,
     )
 
 

@@ -4,6 +4,10 @@
 (`abort(id, "stop")`), the total deadline (`abort(id, "deadline")`, finishing
 with `length`) and the client walking away (`abort(id, "abort")` from `close`)
 — so every request ends cleanly with a finish reason and frees its KV blocks.
+
+The choices of one prompt (`n` > 1) share its prefill: the later ones follow the first
+(`leader`) and are submitted once its first token came, when the prompt's full blocks are
+in the prefix cache; a leader that ends before that ends them with its finish reason.
 """
 
 from __future__ import annotations
@@ -41,8 +45,14 @@ class Generation:
     """Choice `index` of an HTTP request: submit, stream deltas, close (aborts if unfinished)."""
 
     def __init__(self, index: int, request: Request, engine: Engine,
-                 stops: tuple[str, ...], echo: str | None = None) -> None:
+                 stops: tuple[str, ...], echo: str | None = None,
+                 leader: Generation | None = None) -> None:
         self.index = index
+        self.follows = leader is not None  # submitted by its leader, not by the job
+        self._followers: list[Generation] = []  # submitted once this one's prefill is done
+        self._submitted = asyncio.Event()  # set on submit, or on close before it
+        if leader is not None:
+            leader._followers.append(self)
         self.request = request
         self._scheduler = engine.scheduler
         self._detokenizer = IncrementalDetokenizer(engine.tokenizer, request.prompt_token_ids)
@@ -65,27 +75,42 @@ class Generation:
         return len(self.request.prompt_token_ids)
 
     def submit(self) -> None:
-        """Hand the request to the scheduler (raises RequestTooLarge / Overloaded)."""
+        """Hand the request to the scheduler (raises RequestTooLarge / Overloaded); a
+        generation closed before that stays unsubmitted."""
+        if self.finish_reason is not None:
+            return
         self._events = self._scheduler.submit(self.request)
+        self._submitted.set()
         self.submit_time = time.monotonic()
         if self.request.deadline_s is not None:
             delay = self.request.arrival_time + self.request.deadline_s - self.submit_time
             self._timer = asyncio.get_running_loop().call_later(max(delay, 0.0),
                                                                 self._on_deadline)
 
-    def close(self) -> None:
-        """Abort the request if it is still running. Idempotent; safe in any `finally`."""
+    def close(self, reason: str = "abort") -> None:
+        """Abort the request if it is still running (one never submitted ends with `reason`).
+        Idempotent; safe in any `finally`."""
         if self._timer is not None:
             self._timer.cancel()
+        if self._events is None and self.finish_reason is None:
+            self.finish_reason = reason
+            self._submitted.set()
         if self._events is not None and self.finish_reason is None:
             self.finish_reason = "abort"
             self._scheduler.abort(self.request.request_id, "abort")
 
     async def deltas(self) -> AsyncGenerator[Delta, None]:
         """The choice's text as it is generated; always ends with a finishing delta."""
+        if self.follows and self._events is None:
+            await self._submitted.wait()
+            if self._events is None:  # closed before its leader submitted it
+                yield Delta(self.index, "", self.finish_reason or "abort")
+                return
         assert self._events is not None, "submit() first"
         try:
             async for event in self._events:
+                if self._followers and event.token_id is not None:
+                    self._release_followers()
                 self._score(event)
                 delta = self._attach(self._on_event(event))
                 if delta is not None:
@@ -96,10 +121,19 @@ class Generation:
             yield Delta(self.index, self._matcher.flush(), "abort")
         finally:
             self.close()
+            for follower in self._followers:  # NOTE: it ended before its prefill was done
+                follower.close(self.finish_reason or "abort")
             aclose = getattr(self._events, "aclose", None)
             if aclose is not None:
                 with contextlib.suppress(Exception):
                     await aclose()
+
+    def _release_followers(self) -> None:
+        """Submit the choices that waited for this one's prefill: its full blocks are cached.
+        NOTE: a refusal (Overloaded) ends the request; the followers left are closed."""
+        followers, self._followers = self._followers, []
+        for follower in followers:
+            follower.submit()
 
     def _score(self, event: TokenEvent) -> None:
         """Keep the event's log-probs (and the echoed prompt's) for the next delta."""

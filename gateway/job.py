@@ -31,6 +31,7 @@ class Job:
     arrival_time: float  # monotonic s
     headers: dict[str, str] = field(default_factory=dict)  # sent with the response
     finished: bool = False
+    n: int = 1  # choices per prompt: generations[p * n + j] is prompt p's choice j
 
     def submit(self, prompt_param: str) -> None:
         """Submit every choice; on a refusal abort those already submitted and raise an ApiError."""
@@ -38,7 +39,8 @@ class Job:
                                     self.tenant.name)
         try:
             for generation in self.generations:
-                generation.submit()
+                if not generation.follows:  # NOTE: those its leader submits after its prefill
+                    generation.submit()
         except Exception as exc:
             for generation in self.generations:
                 generation.close()
@@ -60,9 +62,12 @@ class Job:
             self.metrics.shed.labels(self.tenant.name, self.priority.label, exc.reason).inc()
 
     def usage(self) -> dict[str, Any]:
-        return usage(sum(g.num_prompt_tokens for g in self.generations),
+        """OpenAI's: each prompt counted once (its cached tokens those of its first choice,
+        which prefilled it), every choice's completion tokens."""
+        firsts = self.generations[::self.n]
+        return usage(sum(g.num_prompt_tokens for g in firsts),
                      sum(g.num_generated for g in self.generations),
-                     sum(g.num_cached_tokens for g in self.generations))
+                     sum(g.num_cached_tokens for g in firsts))
 
     def finish(self) -> None:
         """Release the quota lease and record the request's metrics. Idempotent."""

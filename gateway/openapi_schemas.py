@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.batches.types import COMPLETION_WINDOWS, ENDPOINTS
+from gateway.protocol import MAX_N
 from gateway.tenants import SERVICE_TIERS
 
 S = dict[str, Any]
@@ -82,7 +83,10 @@ _OPTIONS: dict[str, S] = {  # what both generation endpoints accept
     "ignore_eos": _nullable(BOOL),
     "stream": _nullable(BOOL),
     "stream_options": _nullable(_obj(include_usage=_nullable(BOOL))),
-    "n": _nullable({"type": "integer", "const": 1}),
+    "n": {**_nullable({"type": "integer", "minimum": 1, "maximum": MAX_N}),
+          "description": "Choices per prompt, sampled independently (with a seed, choice j "
+                         "uses seed + j); a list of prompts gets its choices prompt-major "
+                         "(index = prompt index * n + j)."},
     "priority": _nullable(INT),
     "service_tier": _nullable({"enum": list(SERVICE_TIERS)}),
     "user": _nullable(STR),

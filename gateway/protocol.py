@@ -2,8 +2,8 @@
 
 Validation is ours (never FastAPI's 422): a wrong type, a value out of range, a
 missing or empty prompt is a 400 naming the param; a known OpenAI/vLLM field
-this server does not implement (the legacy functions / function_call, n > 1,
-best_of, vLLM's prompt_logprobs, ...) is a 400 with code
+this server does not implement (the legacy functions / function_call, best_of
+other than n, vLLM's prompt_logprobs, ...) is a 400 with code
 `unsupported_parameter`; unknown fields are ignored.
 """
 
@@ -24,6 +24,7 @@ from gateway.tools.types import ToolCall, ToolRequest
 from models.sampling_params import MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_PENALTY
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+MAX_N = 16  # choices per prompt (`n`); vLLM has no cap, each choice is a request here
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +58,7 @@ class GenerationOptions:
     structured: Structured | None = None  # response_format / structured_outputs / guided_*
     logprobs: int | None = None  # alternatives per generated token, 0..20; None = no logprobs
     echo: bool = False  # completions: the prompt's text (and its logprobs) before the output
+    n: int = 1  # choices per prompt, 1..MAX_N
 
 
 Prompt = str | tuple[int, ...]  # text, or token ids
@@ -64,7 +66,7 @@ Prompt = str | tuple[int, ...]  # text, or token ids
 
 @dataclass(frozen=True, slots=True)
 class CompletionBody:
-    """A /v1/completions request: one choice per prompt."""
+    """A /v1/completions request: `options.n` choices per prompt."""
 
     options: GenerationOptions
     prompts: tuple[Prompt, ...]
@@ -124,12 +126,13 @@ _UNSUPPORTED_CHAT: dict[str, Callable[[Any], bool]] = {
 }
 
 
-def _reject_defaults_only(fields: Fields) -> None:
-    """Known fields accepted only at their default value: type-checked, then rejected."""
-    if (n := fields.int_("n", 1, minimum=1)) != 1:
-        raise unsupported("n", f"only n=1 is implemented, got {n}")
-    if (best_of := fields.int_("best_of", 1, minimum=1)) != 1:
-        raise unsupported("best_of", f"only best_of=1 is implemented, got {best_of}")
+def _choices(fields: Fields) -> int:
+    """`n` (1..MAX_N); `best_of` is taken only where it is trivial, equal to `n`."""
+    n = fields.int_("n", 1, minimum=1, maximum=MAX_N) or 1
+    if (best_of := fields.int_("best_of", n, minimum=1)) != n:
+        raise unsupported("best_of", f"only best_of equal to n ({n}) is implemented, "
+                                     f"got {best_of}")
+    return n
 
 
 def _logit_bias(fields: Fields) -> tuple[tuple[int, float], ...]:
@@ -200,6 +203,7 @@ def _options(fields: Fields, max_tokens: int | None) -> GenerationOptions:
         service_tier=fields.str_("service_tier", None, choices=SERVICE_TIERS),
         user=fields.str_("user"),
         structured=parse_structured(fields),
+        n=_choices(fields),
     )
 
 
@@ -212,7 +216,6 @@ def _check_min_tokens(options: GenerationOptions) -> None:
 def parse_completion(body: dict[str, Any], max_prompts: int) -> CompletionBody:
     """Validate a /v1/completions body (400 ApiError on any problem)."""
     fields = Fields(body)
-    _reject_defaults_only(fields)
     fields.reject_unsupported(_UNSUPPORTED_COMMON)
     options = _options(fields, fields.int_("max_tokens", None, minimum=1))
     _check_min_tokens(options)
@@ -227,7 +230,6 @@ def parse_completion(body: dict[str, Any], max_prompts: int) -> CompletionBody:
 def parse_chat(body: dict[str, Any]) -> ChatBody:
     """Validate a /v1/chat/completions body (400 ApiError on any problem)."""
     fields = Fields(body)
-    _reject_defaults_only(fields)
     fields.reject_unsupported({**_UNSUPPORTED_COMMON, **_UNSUPPORTED_CHAT})
     # NOTE: max_completion_tokens supersedes the deprecated max_tokens, as in OpenAI.
     max_tokens = fields.int_("max_tokens", None, minimum=1)

@@ -107,7 +107,7 @@ async def test_bad_chat_bodies(gateway: Harness, body: dict[str, Any], param: st
 
 
 @pytest.mark.parametrize(("field", "value"), [
-    ("n", 2), ("best_of", 3), ("suffix", "end"), ("prompt_logprobs", 2),
+    ("best_of", 3), ("suffix", "end"), ("prompt_logprobs", 2),
     ("use_beam_search", True),
 ])
 async def test_unsupported_completion_fields(gateway: Harness, field: str, value: Any) -> None:
@@ -119,7 +119,7 @@ async def test_unsupported_completion_fields(gateway: Harness, field: str, value
 @pytest.mark.parametrize(("field", "value"), [
     ("function_call", {"name": "f"}), ("functions", [{"name": "f"}]), ("prompt_logprobs", 1),
     ("audio", {"voice": "x"}),
-    ("modalities", ["text", "audio"]), ("n", 4), ("reasoning_effort", "high"),
+    ("modalities", ["text", "audio"]), ("best_of", 2), ("reasoning_effort", "high"),
 ])
 async def test_unsupported_chat_fields(gateway: Harness, field: str, value: Any) -> None:
     response = await gateway.client.post("/v1/chat/completions",

@@ -71,8 +71,8 @@ async def test_openai_async_client(live: LiveServer) -> None:
 async def test_openai_client_errors(live: LiveServer) -> None:
     client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="sk-ide-1", max_retries=0)
     with pytest.raises(openai.BadRequestError) as bad:
-        client.completions.create(model="tiny", prompt="x", n=2)
-    assert bad.value.param == "n" and bad.value.code == "unsupported_parameter"
+        client.completions.create(model="tiny", prompt="x", n=2, best_of=3)
+    assert bad.value.param == "best_of" and bad.value.code == "unsupported_parameter"
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="gpt-4", prompt="x")
     with (pytest.raises(openai.AuthenticationError),
