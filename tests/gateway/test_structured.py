@@ -17,6 +17,8 @@ import pytest
 
 from gateway.config import load_config
 from gateway.engine import Engine, build_engine
+from tests.gateway.batches.helpers import line as batch_line
+from tests.gateway.batches.helpers import results, submit, wait_for
 from tests.gateway.harness import LiveServer, auth_config, live_server
 
 KEY = {"Authorization": "Bearer sk-ide-1"}
@@ -164,4 +166,28 @@ def test_a_forced_tool_choice_returns_calls_whose_arguments_validate(
         assert call.function.name == "get_weather"
     fn: Any = schemas[call.function.name]["function"]
     jsonschema.validate(json.loads(call.function.arguments), fn["parameters"])
+
+
+async def test_batch_lines_get_structured_output_and_forced_calls(live: LiveServer) -> None:
+    """A Batch API file's lines go through the same parsing: a json_schema line's output
+    validates, a forced tool_choice line's output is a call."""
+    key = "sk-nightly-1"
+    ask: Any = [{"role": "user", "content": "Describe Ada Lovelace as JSON."}]
+    lines = [batch_line(0, messages=ask, max_tokens=80, temperature=0,
+                        response_format=_schema_format(PERSON)),
+             batch_line(1, messages=ask, max_tokens=80, temperature=0, tools=[WEATHER],
+                        tool_choice="required", parallel_tool_calls=False)]
+    async with httpx.AsyncClient(base_url=live.url, timeout=60) as client:
+        batch = await submit(client, key, lines)
+        done = await wait_for(client, key, batch["id"], timeout_s=300)
+        out = {r["custom_id"]: r["response"]["body"]
+               for r in await results(client, key, done["output_file_id"])}
+    assert done["request_counts"]["completed"] == 2, done
+    [person] = out["req-0"]["choices"]
+    jsonschema.validate(json.loads(person["message"]["content"]), PERSON)
+    [called] = out["req-1"]["choices"]
+    assert called["finish_reason"] == "tool_calls", called
+    [call] = called["message"]["tool_calls"]
+    fn: Any = WEATHER["function"]
+    jsonschema.validate(json.loads(call["function"]["arguments"]), fn["parameters"])
 
