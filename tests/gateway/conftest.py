@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx
+import openai
 import pytest
 from transformers import PreTrainedTokenizerBase
 
@@ -37,3 +39,13 @@ async def gateway(make_engine: EngineFactory) -> AsyncIterator[Harness]:
     """The default app: auth off, a fake with no per-token delay."""
     async with running(make_config(), make_engine()) as harness:
         yield harness
+
+
+@pytest.fixture
+async def client(gateway: Harness) -> AsyncIterator[openai.AsyncOpenAI]:
+    """The official async client, talking to the default app through its ASGI transport."""
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=gateway.app))
+    async with openai.AsyncOpenAI(base_url="http://gateway/v1", api_key="none",
+                                  max_retries=0, http_client=http) as c:
+        yield c
+

@@ -8,7 +8,6 @@ import asyncio
 import dataclasses
 import re
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -39,14 +38,6 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 CHAT = [{"role": "user", "content": "Where does the river run?"}]
 PROMPT = "the river runs to the ocean"
-
-
-@pytest.fixture
-async def client(gateway: Harness) -> AsyncIterator[openai.AsyncOpenAI]:
-    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=gateway.app))
-    async with openai.AsyncOpenAI(base_url="http://gateway/v1", api_key="none",
-                                  max_retries=0, http_client=http) as c:
-        yield c
 
 
 def _submissions(engine: Engine) -> list[tuple[float, Request]]:

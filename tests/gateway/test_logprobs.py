@@ -3,10 +3,8 @@ Batch API file (over the FakeScheduler, whose log-probs are plausible constants)
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import openai
 import pytest
 
@@ -18,14 +16,6 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 CHAT = [{"role": "user", "content": "Where does the river run?"}]
 PROMPT = "the river runs to the ocean"
-
-
-@pytest.fixture
-async def client(gateway: Harness) -> AsyncIterator[openai.AsyncOpenAI]:
-    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=gateway.app))
-    async with openai.AsyncOpenAI(base_url="http://gateway/v1", api_key="none",
-                                  max_retries=0, http_client=http) as c:
-        yield c
 
 
 async def test_chat_logprobs_streamed_and_not(client: openai.AsyncOpenAI) -> None:
