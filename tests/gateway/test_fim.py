@@ -35,7 +35,10 @@ from gateway.prompts import tokenize_completion
 from models.default_model import DEFAULT_DIR_NAME, cache_root, is_complete
 from models.tiny import corpus
 from scheduler.api import Request
-from tests.gateway.harness import EngineFactory, Harness, make_config, running
+from tests.gateway.batches.helpers import COMPLETIONS, results, wait_for
+from tests.gateway.batches.helpers import line as batch_line
+from tests.gateway.batches.helpers import submit as submit_batch
+from tests.gateway.harness import EngineFactory, Harness, auth_config, make_config, running
 
 session_loop = pytest.mark.asyncio(loop_scope="session")
 
@@ -304,3 +307,25 @@ async def test_openai_client_streamed_and_not(fim_gateway: Harness,
     assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
     assert whole.usage is not None and chunks[-1].usage == whole.usage
     assert fed[0] == fed[1] and whole.usage.prompt_tokens == len(fed[0])
+
+
+@session_loop
+async def test_a_batch_line_with_a_suffix_is_fed_the_fim_prompt(
+        make_engine: EngineFactory, fim_tokenizer: PreTrainedTokenizerBase) -> None:
+    async with running(auth_config(), _engine(make_engine, fim_tokenizer)) as h:
+        seen: list[list[int]] = []
+        submit = h.fake.submit
+
+        def spy(request: Request) -> Any:
+            seen.append(list(request.prompt_token_ids))
+            return submit(request)
+
+        h.fake.submit = spy  # type: ignore[method-assign]
+        lines = [batch_line(0, COMPLETIONS, prompt=PREFIX, suffix=SUFFIX, max_tokens=3)]
+        key = "sk-nightly-1"
+        done = await wait_for(h.client, key, (await submit_batch(h.client, key, lines,
+                                                                 COMPLETIONS))["id"])
+        [out] = await results(h.client, key, done["output_file_id"])
+    assert seen == [_expected(fim_tokenizer, PREFIX, SUFFIX)]
+    assert out["response"]["body"]["usage"]["prompt_tokens"] == len(seen[0])
+
