@@ -35,7 +35,9 @@ class XGrammar:
 
     def __init__(self, tokenizer: Any, vocab_size: int) -> None:
         import xgrammar as xgr
-        self.xgr, self.version = xgr, _dist_version("xgrammar")
+        # NOTE: Any, so mypy reads this the same with the optional extra installed or not
+        self.xgr: Any = xgr
+        self.version = _dist_version("xgrammar")
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
         self.compiler = xgr.GrammarCompiler(info, cache_enabled=False)
 
@@ -43,7 +45,7 @@ class XGrammar:
         return self.compiler.compile_json_schema(json.dumps(schema), any_whitespace=False)
 
     def matcher(self, compiled: object) -> Matcher:
-        return _XgrMatcher(self.xgr.GrammarMatcher(compiled))  # type: ignore[arg-type]
+        return _XgrMatcher(self.xgr.GrammarMatcher(compiled))
 
 
 class _XgrMatcher:
