@@ -14,7 +14,6 @@ from typing import Any
 
 from gateway.openapi_schemas import SCHEMAS
 
-VERSION = "0.1.0"  # of the API document (pyproject's version)
 JSON = "application/json"
 _RETRY = {"Retry-After": {"description": "Seconds to wait before retrying (integer >= 1).",
                           "schema": {"type": "string", "pattern": "^[0-9]+$"}}}

@@ -13,13 +13,14 @@ from gateway.completions import generate
 from gateway.engine import check_model
 from gateway.errors import clip, invalid
 from gateway.fields import is_number
-from gateway.openapi import VERSION, document
+from gateway.openapi import document
 from gateway.prompts import resolve_max_tokens, tokenize_chat, tokenize_completion
 from gateway.protocol import parse_chat, parse_completion, parse_json
 from gateway.responses import json_response
 from gateway.state import state_of
 from gateway.tenants import authenticate, authorize_admin, bearer_key
 from gateway.tools.types import offered_tools
+from gateway.version import package_version
 from scheduler.api import DirectUnavailable
 
 router = APIRouter()
@@ -85,7 +86,8 @@ async def health(request: Request) -> Response:
 @router.get("/openapi.json")
 async def openapi(request: Request) -> Response:
     engine = state_of(request).engine
-    return json_response(document(VERSION, (engine.served_model_name, *engine.model_aliases)))
+    models = (engine.served_model_name, *engine.model_aliases)
+    return json_response(document(package_version(), models))
 
 
 @router.get("/metrics")

@@ -9,10 +9,7 @@ context length (as vLLM). `/version` is open, as `/health` and `/openapi.json` a
 
 from __future__ import annotations
 
-import importlib.metadata
-import tomllib
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -26,11 +23,10 @@ from gateway.protocol import ChatMessage, parse_json, parse_messages
 from gateway.responses import json_response
 from gateway.state import state_of
 from gateway.tenants import authenticate
+from gateway.version import package_version
 
 router = APIRouter()
 
-PACKAGE = "slicegate"
-_PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 # vLLM's chat-form fields this server does not implement, with their harmless values
 _UNSUPPORTED_CHAT = {"tools": lambda v: not v, "chat_template": lambda v: v is None,
                      "chat_template_kwargs": lambda v: not v,
@@ -107,19 +103,6 @@ def detokenize(engine: Engine, tokens: tuple[int, ...]) -> str:
         raise invalid("tokens", f"Token id {bad[0]} in 'tokens' is out of the model's "
                                 f"vocabulary (size {engine.vocab_size}).")
     return str(engine.tokenizer.decode(list(tokens)))
-
-
-def package_version() -> str:
-    """slicegate's version: the installed package's (an editable install has it too), else
-    pyproject.toml's beside the source, else "unknown"."""
-    try:
-        return importlib.metadata.version(PACKAGE)
-    except importlib.metadata.PackageNotFoundError:
-        pass
-    try:
-        return str(tomllib.loads(_PYPROJECT.read_text())["project"]["version"])
-    except (OSError, KeyError, tomllib.TOMLDecodeError):
-        return "unknown"
 
 
 @router.post("/tokenize")

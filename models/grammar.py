@@ -24,7 +24,7 @@ import json
 import logging
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from threading import Lock
 from typing import TYPE_CHECKING, Any
 
@@ -32,12 +32,15 @@ import llguidance
 import llguidance.hf
 import torch
 
+from models.numbercap import NumberRun, capped, number_continuing
+
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions  # a TypedDict of the stubs only
 
 logger = logging.getLogger(__name__)
 
 KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
+JSON_KINDS = ("json_schema", "json_object")  # their numbers are capped (models/numbercap.py)
 ANY_JSON_OBJECT = {"type": "object"}  # response_format {"type": "json_object"}
 # NOTE: ", " and ": " as Python's json.dumps writes them, the layout models saw most;
 # no free whitespace, so a model cannot pad an object with newlines until max_tokens
@@ -93,6 +96,8 @@ class Grammars:
         self.cache_size = cache_size
         self._cache: OrderedDict[GrammarSpec, str | GrammarError] = OrderedDict()
         self._lock = Lock()
+        self._token_bytes: list[bytes] | None = None  # built by the first JSON constraint
+        self._continuing: torch.Tensor | None = None  # [V] bool
         # NOTE: one thread: a mask costs ~0.1 ms, and rows are filled in token order
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
 
@@ -128,10 +133,37 @@ class Grammars:
         matcher = llguidance.LLMatcher(self.tokenizer, self.compile(spec))
         if matcher.is_error():
             raise GrammarError(matcher.get_error())
-        return Constraint(matcher, self.vocab_size, self._pool)
+        cap = self._number_cap() if spec.kind in JSON_KINDS else None
+        return Constraint(matcher, self.vocab_size, self._pool, cap)
+
+    def _number_cap(self) -> NumberCap:
+        with self._lock:
+            if self._token_bytes is None or self._continuing is None:
+                n = self.tokenizer.vocab_size
+                self._token_bytes = [self.tokenizer.decode_bytes([t]) for t in range(n)]
+                self._token_bytes += [b""] * (self.vocab_size - n)
+                self._continuing = number_continuing(self._token_bytes)
+            return NumberCap(self._token_bytes, self._continuing)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+@dataclass(slots=True)
+class NumberCap:
+    """A JSON constraint's number cap: each token's bytes, the tokens that extend a number,
+    and where the output stands."""
+
+    token_bytes: list[bytes]
+    continuing: torch.Tensor  # [V] bool
+    run: NumberRun = field(default_factory=NumberRun)
+
+    def advance(self, token: int) -> None:
+        if 0 <= token < len(self.token_bytes):
+            self.run.feed(self.token_bytes[token])
+
+    def apply(self, banned: torch.Tensor) -> torch.Tensor:
+        return capped(banned, self.continuing) if self.run.at_cap else banned
 
 
 class Constraint:
@@ -139,8 +171,8 @@ class Constraint:
     takes a sampled token, `is_complete` is True once the grammar ended (or refused)."""
 
     def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int,
-                 pool: ThreadPoolExecutor) -> None:
-        self._matcher, self._vocab, self._pool = matcher, vocab_size, pool
+                 pool: ThreadPoolExecutor, cap: NumberCap | None = None) -> None:
+        self._matcher, self._vocab, self._pool, self._cap = matcher, vocab_size, pool, cap
         self._complete = False
         self._next: Future[torch.Tensor] = pool.submit(self._mask)
 
@@ -149,7 +181,8 @@ class Constraint:
         # NOTE: what llguidance.torch's fill does, without importing that module (it
         # runs torch.compile at import)
         self._matcher.unsafe_compute_mask_ptr(bitmask.data_ptr(), bitmask.numel() * 4)
-        return banned_tokens(bitmask[0], self._vocab)  # [V] bool
+        banned = banned_tokens(bitmask[0], self._vocab)  # [V] bool
+        return banned if self._cap is None else self._cap.apply(banned)
 
     def banned(self) -> torch.Tensor:
         """[V] bool: True for the tokens the grammar forbids next."""
@@ -160,6 +193,8 @@ class Constraint:
         self._next.result()  # NOTE: the matcher is not thread-safe: let the fill finish
         if not self._matcher.consume_token(token):
             logger.warning("grammar refused token %d: %s", token, self._matcher.get_error())
+        if self._cap is not None:
+            self._cap.advance(token)
         self._complete = bool(self._matcher.is_stopped())
         self._next = self._pool.submit(self._mask)
 

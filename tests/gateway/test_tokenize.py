@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gateway import tokenize
+from gateway import version
 from tests.gateway.harness import MAX_MODEL_LEN, EngineFactory, Harness, auth_config, running
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -190,6 +190,6 @@ async def test_version_falls_back_to_pyproject(monkeypatch: pytest.MonkeyPatch,
 
     monkeypatch.setattr(importlib.metadata, "version", missing)
     expected = tomllib.loads(PYPROJECT.read_text())["project"]["version"]
-    assert tokenize.package_version() == expected
-    monkeypatch.setattr(tokenize, "_PYPROJECT", tmp_path / "absent.toml")
-    assert tokenize.package_version() == "unknown"
+    assert version.package_version() == expected
+    monkeypatch.setattr(version, "_PYPROJECT", tmp_path / "absent.toml")
+    assert version.package_version() == "unknown"

@@ -12,6 +12,7 @@ import torch
 from gateway.engine import load_tokenizer
 from models.batch import SeqSpec
 from models.grammar import GrammarError, Grammars, GrammarSpec, StepMask
+from models.numbercap import MAX_NUMBER_CHARS
 from models.sampling import sample
 from models.sampling_params import SamplingParams
 
@@ -70,3 +71,28 @@ def test_min_tokens_never_leaves_a_constrained_row_nothing_to_sample(
         if token == eos or c.is_complete:
             break
         c.advance(token)
+
+
+def test_a_json_number_is_capped_where_the_grammar_can_end_it(grammars: Grammars) -> None:
+    c = grammars.constraint(GrammarSpec.json_schema({"type": "object", "properties": {
+        "n": {"type": "integer"}}, "required": ["n"], "additionalProperties": False}))
+    one = grammars.tokenizer.tokenize_str("1")[-1]
+    for token in grammars.tokenizer.tokenize_str('{"n": '):
+        c.advance(token)
+    for _ in range(MAX_NUMBER_CHARS - 1):
+        assert not bool(c.banned()[one])
+        c.advance(one)
+    assert not bool(c.banned()[one])  # one short of the cap
+    c.advance(one)
+    banned = c.banned()
+    assert bool(banned[one]) and not bool(banned.all())
+    close = grammars.tokenizer.tokenize_str("}")[-1]
+    assert not bool(banned[close])
+
+
+def test_a_regex_of_digits_is_not_capped(grammars: Grammars) -> None:
+    c = grammars.constraint(GrammarSpec("regex", "[0-9]{40}"))
+    one = grammars.tokenizer.tokenize_str("1")[-1]
+    for _ in range(30):
+        c.advance(one)
+    assert not bool(c.banned()[one])
