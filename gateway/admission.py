@@ -8,7 +8,7 @@ it takes the app's parts as an `Admission`, so it imports neither the app state 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from executors.types import Priority
@@ -23,6 +23,7 @@ from gateway.protocol import GenerationOptions
 from gateway.quotas import Quotas
 from gateway.responses import ResponseFormat
 from gateway.structured import constraint_for
+from gateway.tenancy.ledger import BudgetLedger
 from gateway.tenants import Tenant
 from gateway.tools.output import tool_output
 from gateway.tools.types import ToolRequest
@@ -41,6 +42,7 @@ class Admission:
     quotas: Quotas
     metrics: GatewayMetrics
     request_timeout_s: float  # each generation's deadline, from the request's arrival
+    budgets: BudgetLedger = field(default_factory=BudgetLedger)  # tenants' token budgets
 
 
 def _sampling(options: GenerationOptions, max_tokens: int, engine: Engine) -> SamplingParams:
@@ -100,6 +102,8 @@ def build_job(admission: Admission, tenant: Tenant, priority: Priority,
     engine, quotas = admission.engine, admission.quotas
     max_tokens = [resolve_max_tokens(options, len(p), engine.max_model_len, chat,
                                      engine.sampling_defaults.max_tokens) for p in prompts]
+    prompt_tokens = sum(len(p) for p in prompts)
+    max_tokens = admission.budgets.plan(tenant, prompt_tokens, max_tokens, options.n)
     pieces = None if options.logprobs is None else TokenPieces(engine.tokenizer)
     fmt = ResponseFormat(chat, f"{'chatcmpl' if chat else 'cmpl'}-{request_id}",
                          int(time.time()), engine.served_model_name, options.include_usage,
@@ -123,9 +127,10 @@ def build_job(admission: Admission, tenant: Tenant, priority: Priority,
             if j == 0 and _share_prefill(options, engine):
                 leader = generation
     lease = quotas.acquire(tenant, _charged_tokens(options, prompts, max_tokens, chat))
+    hold = admission.budgets.hold(tenant, prompt_tokens, options.n * sum(max_tokens))
     headers = {"x-slicegate-priority": priority.label, **quotas.headers(tenant)}
     return Job(fmt, tenant, priority, generations, lease, admission.metrics, arrival, headers,
-               n=options.n)
+               n=options.n, budget=hold)
 
 
 def _choice_sampling(sampling: SamplingParams, j: int) -> SamplingParams:

@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from gateway.accesslog import AccessLogMiddleware
 from gateway.batches.context import BatchContext
 from gateway.batches.routes import router as batch_router
-from gateway.batches.service import BatchService
+from gateway.batches.service import DB_NAME, BatchService
 from gateway.bodylimit import BodyLimitMiddleware
 from gateway.config import GatewayConfig
 from gateway.engine import Engine, build_engine
@@ -20,6 +20,10 @@ from gateway.metrics import GatewayMetrics
 from gateway.quotas import Quotas
 from gateway.routes import router
 from gateway.state import AppState
+from gateway.tenancy.admin import router as tenants_router
+from gateway.tenancy.ledger import BudgetLedger
+from gateway.tenancy.registry import TenantRegistry
+from gateway.tenancy.store import TenantStore
 from gateway.tokenize import router as tokenize_router
 from gateway.ui.routes import router as ui_router
 
@@ -36,16 +40,20 @@ def create_app(config: GatewayConfig, engine: Engine | None = None) -> FastAPI:
     """
     engine = engine if engine is not None else build_engine(config)
     metrics = GatewayMetrics(engine.served_model_name)
-    metrics.set_tenants(config.tenants.tenants)
+    tenants = TenantRegistry(config.tenants, config.tenants_file)
+    tenants.on_swap(lambda current: metrics.set_tenants(current.tenants))
+    budgets = BudgetLedger(lambda: tenants.current.tenants or (tenants.current.default_tenant,))
+    metrics.registry.register(budgets)
     batches = BatchService(config.batch)
     metrics.registry.register(batches)
-    state = AppState(config, engine, Quotas(), metrics, Lifecycle(), batches)
+    state = AppState(config, engine, Quotas(), metrics, Lifecycle(), batches, tenants, budgets)
     context = batch_context(state)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await engine.scheduler.start()
         try:
+            open_tenant_store(state)
             await batches.start(context)
             try:
                 with startup_heap_frozen():
@@ -56,6 +64,7 @@ def create_app(config: GatewayConfig, engine: Engine | None = None) -> FastAPI:
         finally:
             state.lifecycle.begin_drain()
             await engine.scheduler.stop(drain=True, timeout_s=config.server.drain_timeout_s)
+            close_tenant_store(state)
 
     app = FastAPI(title="slicegate", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
@@ -64,6 +73,7 @@ def create_app(config: GatewayConfig, engine: Engine | None = None) -> FastAPI:
     app.include_router(tokenize_router)
     app.include_router(batch_router)
     app.include_router(ui_router)
+    app.include_router(tenants_router)
     app.add_middleware(DrainMiddleware, lifecycle=state.lifecycle)
     upload_limit = config.batch.max_file_bytes + _MULTIPART_SLACK_BYTES
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.server.max_body_bytes,
@@ -76,4 +86,21 @@ def create_app(config: GatewayConfig, engine: Engine | None = None) -> FastAPI:
 def batch_context(state: AppState) -> BatchContext:
     """The parts of `state` that batch lines run with."""
     return BatchContext(state.admission, state.config.server.max_prompts_per_request,
-                        state.config.tenants, state.lifecycle)
+                        state.tenants, state.lifecycle)
+
+
+def open_tenant_store(state: AppState) -> None:
+    """The tenant tables of the data dir's database, applied to the running tenants.
+    NOTE: before the Batch API starts, so that resumed batches find admin-made tenants."""
+    state.batches.data_dir.mkdir(parents=True, exist_ok=True)
+    store = TenantStore(state.batches.data_dir / DB_NAME)
+    state.tenants.open(store)
+    state.budgets.attach(store)
+
+
+def close_tenant_store(state: AppState) -> None:
+    """After the scheduler stopped, so every request in flight has settled its spend."""
+    state.budgets.attach(None)
+    store = state.tenants.close()
+    if store is not None:
+        store.close()
