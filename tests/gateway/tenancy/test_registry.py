@@ -18,8 +18,8 @@ FILE = """\
 admin_keys: [sk-admin]
 tenants:
   - {name: ide, api_keys: [sk-ide], priority: high}
-  - {name: chat, api_key_sha256: [%s]}
-""" % hash_key("sk-chat")
+  - {name: chat, api_key_sha256: [SHA]}
+""".replace("SHA", hash_key("sk-chat"))
 ADMIN = "admin:" + key_id(hash_key("sk-admin"))
 
 
