@@ -51,15 +51,24 @@ def _admin(request: Request, change: bool = False) -> tuple[AppState, str]:
     return state, "admin:" + key_id(hash_key(key)) if key else "anonymous"
 
 
-def _view(state: AppState, tenant: Tenant) -> dict[str, Any]:
-    """A tenant as the API shows it: its fields, where it comes from, its keys by id."""
+def _views(state: AppState, tenants: list[Tenant]) -> list[dict[str, Any]]:
+    """Tenants as the API shows them: fields, where each comes from, its keys by id."""
     records = state.tenants.key_records()
-    from_file = {h for t in state.tenants.file_config.tenants if t.name == tenant.name
-                 for h in t.key_hashes}
-    keys = [_key_view(tenant.name, h, records.get(h), h in from_file) for h in tenant.key_hashes]
-    edited = tenant.name in state.tenants.store.overrides()
-    return {"object": "tenant", **tenant_spec(tenant), "source": "admin" if edited else "file",
-            "keys": keys}
+    edited = state.tenants.store.overrides()
+    file = state.tenants.file_config
+    out = []
+    for tenant in tenants:
+        seed = file.tenant_named(tenant.name)
+        from_file = set(seed.key_hashes) if seed is not None else set()
+        keys = [_key_view(tenant.name, h, records.get(h), h in from_file)
+                for h in tenant.key_hashes]
+        out.append({"object": "tenant", **tenant_spec(tenant),
+                    "source": "admin" if tenant.name in edited else "file", "keys": keys})
+    return out
+
+
+def _view(state: AppState, tenant: Tenant) -> dict[str, Any]:
+    return _views(state, [tenant])[0]
 
 
 def _key_view(tenant: str, key_hash: str, record: KeyRecord | None,
@@ -81,7 +90,7 @@ def _tenant_body(body: dict[str, Any], keys_required: bool = False) -> Tenant:
 @router.get("/admin/tenants")
 async def list_tenants(request: Request) -> Response:
     state, _ = _admin(request)
-    data = [_view(state, t) for t in state.tenants.current.tenants]
+    data = _views(state, list(state.tenants.current.tenants))
     return json_response({"object": "list", "data": data})
 
 
