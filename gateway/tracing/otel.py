@@ -30,7 +30,6 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, set_span_in_
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from gateway.job import Job
-from gateway.tracing.setup import PROTOCOLS
 from gateway.tracing.spans import SpanSpec, request_span
 from gateway.version import package_version
 
@@ -38,13 +37,11 @@ logger = logging.getLogger(__name__)
 
 
 def make_exporter(endpoint: str, protocol: str) -> SpanExporter:
-    """The OTLP span exporter for `protocol` (`OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`)."""
+    """The OTLP span exporter for `protocol` (`OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`, checked
+    by `gateway.tracing.setup.traces_protocol`): grpc, else http/protobuf."""
     if protocol == "grpc":
         return GrpcSpanExporter(endpoint=endpoint)
-    if protocol == "http/protobuf":
-        return HttpSpanExporter(endpoint=endpoint)
-    raise ValueError(f"OTLP protocol {protocol!r} is not supported (use "
-                     f"{' or '.join(PROTOCOLS)})")
+    return HttpSpanExporter(endpoint=endpoint)
 
 
 class CountingExporter(SpanExporter):
