@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tests.gateway.batches.helpers import line, results, submit, wait_for
 from tests.gateway.harness import EngineFactory, make_config, running, sse_events
 from tests.gateway.tracing.receivers import Collected, Received, http_receiver
 
@@ -117,3 +118,18 @@ async def test_metrics_count_the_spans_exported(
         text = (await h.client.get("/metrics")).text
     assert 'slicegate_trace_spans_total{result="exported"} 3.0' in text
     assert 'slicegate_trace_spans_total{result="failed"} 0.0' in text
+
+
+async def test_batch_lines_are_root_spans_marked_batch(
+        make_engine: EngineFactory, receiver: tuple[str, Collected]) -> None:
+    url, collected = receiver
+    async with running(make_config(otlp_traces_endpoint=url), make_engine()) as h:
+        batch = await submit(h.client, "none", [line(0), line(1, max_tokens=2)])
+        done = await wait_for(h.client, "none", batch["id"])
+        out = await results(h.client, "none", done["output_file_id"])
+    spans = by_name(collected.wait(6), "chat")
+    assert len(spans) == 2 and {s.attributes["slicegate.origin"] for s in spans} == {"batch"}
+    assert all(s.parent_span_id == "" for s in spans)
+    assert {s.attributes["gen_ai.request.id"]: s.attributes["gen_ai.usage.completion_tokens"]
+            for s in spans} == {r["response"]["body"]["id"]:
+                                r["response"]["body"]["usage"]["completion_tokens"] for r in out}
