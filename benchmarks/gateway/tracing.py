@@ -8,12 +8,14 @@ in pairs, one request to each, alternating which goes first; every request carri
 round of `--pairs` pairs, each arm's median latency and the median pair difference, then
 the median over the rounds.
 
-`--engine fake` (the default) isolates the gateway: both apps run in this process over a
-`FakeScheduler` (no model; one token per step at once), called through
-`httpx.ASGITransport`, so the difference is the span's building and export (the exporter's
-thread shares the process) without the noise of a model's step. `--engine model` runs two
-real servers (`python -m gateway serve`, the same model and devices) over loopback HTTP: the
-difference then also holds the scheduler's plan journal, within the model's step noise.
+`--engine fake` (the default) isolates the gateway: each app runs over its own
+`FakeScheduler` (no model; a token per step at once), so the difference is the span's
+building and export (the exporter's thread shares the process) without a model's step
+noise. `--engine model` runs both apps over one real engine (the model, its scheduler and
+devices): the difference then also holds the scheduler's plan journal, within the noise
+of the model's steps. Both call the apps through `httpx.ASGITransport`, in this process
+(no sockets: what tracing adds is in the app). The journal's cost per plan is timed
+alone too (`journal_step_s`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -37,15 +38,8 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from benchmarks.harness import machine, machine_line, parser, print_table, write_json
 from gateway.app import create_app
-from gateway.config import (
-    BatchSettings,
-    GatewayConfig,
-    SchedulerSettings,
-    ServerSettings,
-    default_devices,
-)
-from gateway.engine import Engine, eos_ids, load_tokenizer
-from loadgen.servers import RunningServer, ServerSpec, default_serve_cmd, free_port
+from gateway.config import BatchSettings, GatewayConfig, SchedulerSettings, load_config
+from gateway.engine import Engine, build_engine, eos_ids, load_tokenizer
 from models.default_model import prepare_default
 from scheduler.core.journal import PlanJournal
 from scheduler.testing.fake import FakeConfig, FakeScheduler
@@ -123,54 +117,58 @@ async def paired_round(call: Call, pairs: int) -> dict[str, list[float]]:
     return out
 
 
+def arm_configs(base: GatewayConfig, sink_url: str, tmp: str) -> dict[str, GatewayConfig]:
+    """The two arms' configs: alike but for the endpoint (and each its own data dir)."""
+    traced = dataclasses.replace(base.server, otlp_traces_endpoint=sink_url)
+    return {"off": dataclasses.replace(base, batch=BatchSettings(f"{tmp}/off")),
+            "on": dataclasses.replace(base, batch=BatchSettings(f"{tmp}/on"), server=traced)}
+
+
 @asynccontextmanager
 async def fake_clients(sink_url: str) -> AsyncIterator[dict[str, Any]]:
-    """Both arms' apps in this process over FakeSchedulers, behind ASGI clients."""
+    """Both arms' apps over a FakeScheduler each, behind ASGI clients."""
     tokenizer = load_tokenizer(prepare_default())
     with tempfile.TemporaryDirectory() as tmp:
         base = GatewayConfig(scheduler=SchedulerSettings(devices=("cpu:0",)))
-        configs = {"off": dataclasses.replace(base, batch=BatchSettings(f"{tmp}/off")),
-                   "on": dataclasses.replace(base, batch=BatchSettings(f"{tmp}/on"),
-                                             server=ServerSettings(otlp_traces_endpoint=sink_url))}
-        async with _apps(configs, tokenizer) as clients:
+        engines = {arm: Engine(tokenizer, FakeScheduler(FakeConfig(vocab_size=len(tokenizer))),
+                               "fake", 2048, len(tokenizer), eos_ids(tokenizer))
+                   for arm in ARMS}
+        apps = {arm: create_app(config, engines[arm])
+                for arm, config in arm_configs(base, sink_url, tmp).items()}
+        async with _clients(apps, started=ARMS) as clients:
             yield clients
 
 
 @asynccontextmanager
-async def _apps(configs: dict[str, GatewayConfig], tokenizer: Any
-                ) -> AsyncIterator[dict[str, Any]]:
-    async with AsyncExitStack() as stack:
-        clients = {}
-        for arm, config in configs.items():
-            scheduler = FakeScheduler(FakeConfig(vocab_size=len(tokenizer), max_model_len=2048))
-            engine = Engine(tokenizer, scheduler, "fake", 2048, len(tokenizer),
-                            eos_ids(tokenizer))
-            app = create_app(config, engine)
-            await stack.enter_async_context(app.router.lifespan_context(app))
-            clients[arm] = await stack.enter_async_context(httpx.AsyncClient(
-                transport=httpx.ASGITransport(app=app), base_url="http://gateway"))
-        yield clients
+async def model_clients(sink_url: str, args: Any) -> AsyncIterator[dict[str, Any]]:
+    """Both arms' apps over one real engine (its scheduler and model), behind ASGI clients.
+
+    NOTE: the untraced app's lifespan starts the engine's scheduler; the traced app runs
+    without its own (a second start of one scheduler), and its exporter is flushed at the
+    end instead. Both arms thus share the model, its kernels and its devices."""
+    base = load_config(None, {"model.spec": args.model, "scheduler.devices": args.devices})
+    engine = build_engine(base)
+    with tempfile.TemporaryDirectory() as tmp:
+        apps = {arm: create_app(config, engine)
+                for arm, config in arm_configs(base, sink_url, tmp).items()}
+        try:
+            async with _clients(apps, started=("off",)) as clients:
+                yield clients
+        finally:
+            tracing = apps["on"].state.gateway.tracing
+            await asyncio.to_thread(tracing.shutdown)
 
 
 @asynccontextmanager
-async def model_clients(sink_url: str, args: Any) -> AsyncIterator[dict[str, Any]]:
-    """Both arms as `python -m gateway serve` processes, behind loopback HTTP clients."""
-    with tempfile.TemporaryDirectory() as tmp:
-        async with AsyncExitStack() as stack:
-            clients = {}
-            for arm in ARMS:
-                port = free_port()
-                extra = ("--otlp-traces-endpoint", sink_url) if arm == "on" else ()
-                spec = ServerSpec("slicegate", (
-                    *default_serve_cmd(), "--model", args.model, "--devices", args.devices,
-                    "--host", "127.0.0.1", "--port", str(port), "--data-dir", f"{tmp}/{arm}",
-                    "--log-level", "warning", *extra), port)
-                server = stack.enter_context(RunningServer(spec,
-                                                           args.log_dir / f"tracing-{arm}.log"))
-                await asyncio.to_thread(server.wait_ready)
-                clients[arm] = await stack.enter_async_context(
-                    httpx.AsyncClient(base_url=spec.url, timeout=120))
-            yield clients  # NOTE: leaving stops the servers: the traced one flushes its spans
+async def _clients(apps: dict[str, Any], started: tuple[str, ...]
+                   ) -> AsyncIterator[dict[str, Any]]:
+    """An ASGI client per app, with the lifespans of the `started` apps running."""
+    async with AsyncExitStack() as stack:
+        for arm in started:
+            await stack.enter_async_context(apps[arm].router.lifespan_context(apps[arm]))
+        yield {arm: await stack.enter_async_context(httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://gateway", timeout=120))
+            for arm, app in apps.items()}
 
 
 async def measure(args: Any, sink_url: str) -> list[dict[str, float]]:
@@ -210,15 +208,14 @@ def journal_step_s(steps: int = 100_000, repeats: int = 5) -> float:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = parser("python -m benchmarks.gateway tracing", __doc__)
     p.add_argument("--engine", choices=("fake", "model"), default="fake",
-                   help="fake: both apps in process over a FakeScheduler (the gateway's "
-                        "cost alone); model: two real servers (default: fake)")
+                   help="fake: each app over a FakeScheduler (the gateway's cost alone); "
+                        "model: both apps over one real engine (default: fake)")
     p.add_argument("--model", default="default", help="--engine model: the served model")
-    p.add_argument("--devices", default=",".join(default_devices()),
-                   help="--engine model: each server's devices")
+    p.add_argument("--devices", default="cpu:0",
+                   help="--engine model: the engine's devices (default cpu:0)")
     p.add_argument("--tokens", type=int, default=1, help="output tokens per request")
     p.add_argument("--pairs", type=int, default=200, help="request pairs per round")
     p.add_argument("--repeats", type=int, default=5, help="rounds after one warm-up round")
-    p.add_argument("--log-dir", type=Path, default=Path("bench-results"))
     args = p.parse_args(argv)
     for name in ("httpx", "uvicorn.access"):  # a line per request otherwise
         logging.getLogger(name).setLevel(logging.WARNING)
