@@ -5,7 +5,7 @@
 the spans and queues them. Only `gateway.tracing.setup` imports this module, and only when
 `--otlp-traces-endpoint` is given.
 
-NOTE: the provider is not installed as OpenTelemetry's global one: FastAPI (>= 0.160) traces
+NOTE: the provider is not installed as OpenTelemetry's global one: FastAPI (0.165 here) traces
 every request itself through the global provider when one is set, which would add its own
 spans (and their cost) beside these.
 """
