@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -21,6 +22,7 @@ from gateway.quotas import Quotas
 from gateway.routes import router
 from gateway.state import AppState
 from gateway.tokenize import router as tokenize_router
+from gateway.tracing.setup import SpanCounts, start_tracing
 from gateway.ui.routes import router as ui_router
 
 _MULTIPART_SLACK_BYTES = 1 << 20  # form fields and part headers around an uploaded file
@@ -31,15 +33,20 @@ def create_app(config: GatewayConfig, engine: Engine | None = None) -> FastAPI:
 
     The app's lifespan starts the engine's scheduler and the Batch API (which
     resumes unfinished batches) and, on shutdown, stops the Batch API and then
-    the scheduler (draining for up to `config.server.drain_timeout_s`). Its
-    state is `app.state.gateway` (an `AppState`).
+    the scheduler (draining for up to `config.server.drain_timeout_s`), then
+    flushes the trace exporter, if tracing is on. Its state is
+    `app.state.gateway` (an `AppState`). Raises TracingUnavailable when
+    `otlp_traces_endpoint` is set without the `otel` extra.
     """
     engine = engine if engine is not None else build_engine(config)
     metrics = GatewayMetrics(engine.served_model_name)
     metrics.set_tenants(config.tenants.tenants)
     batches = BatchService(config.batch)
     metrics.registry.register(batches)
-    state = AppState(config, engine, Quotas(), metrics, Lifecycle(), batches)
+    tracing = start_tracing(endpoint) if (endpoint := config.server.otlp_traces_endpoint) else None
+    if tracing is not None:
+        metrics.registry.register(SpanCounts(tracing))
+    state = AppState(config, engine, Quotas(), metrics, Lifecycle(), batches, tracing)
     context = batch_context(state)
 
     @asynccontextmanager
@@ -56,6 +63,8 @@ def create_app(config: GatewayConfig, engine: Engine | None = None) -> FastAPI:
         finally:
             state.lifecycle.begin_drain()
             await engine.scheduler.stop(drain=True, timeout_s=config.server.drain_timeout_s)
+            if tracing is not None:  # NOTE: last: the spans of the requests drained above
+                await asyncio.to_thread(tracing.shutdown)
 
     app = FastAPI(title="slicegate", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)

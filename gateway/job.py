@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +18,8 @@ from gateway.recent import FinishedRequest
 from gateway.responses import ResponseFormat, usage
 from gateway.tenants import Tenant
 from scheduler.api import Overloaded, RequestTooLarge, SubmitError
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -32,6 +36,11 @@ class Job:
     headers: dict[str, str] = field(default_factory=dict)  # sent with the response
     finished: bool = False
     n: int = 1  # choices per prompt: generations[p * n + j] is prompt p's choice j
+    origin: str = "http"  # or "batch": a Batch API line
+    # with tracing on: records the finished job's span (gateway/tracing/), given its end
+    # (monotonic s); `trace_headers` are the request's W3C trace context headers
+    tracer: Callable[[Job, float], None] | None = None
+    trace_headers: dict[str, str] = field(default_factory=dict)
 
     def submit(self, prompt_param: str) -> None:
         """Submit every choice; on a refusal abort those already submitted and raise an ApiError."""
@@ -81,6 +90,11 @@ class Job:
         for generation in self.generations:
             if generation.submit_time is not None:
                 self._observe(generation, labels, now)
+        if self.tracer is not None:
+            try:
+                self.tracer(self, now)
+            except Exception:  # NOTE: a span that cannot be built never fails its request
+                logger.exception("recording the trace span of %s failed", self.format.id)
 
     def _observe(self, g: Generation, labels: tuple[str, str, str], now: float) -> None:
         m = self.metrics

@@ -13,6 +13,7 @@ from gateway.engine import Engine
 from gateway.lifecycle import Lifecycle
 from gateway.metrics import GatewayMetrics
 from gateway.quotas import Quotas
+from gateway.tracing.setup import Tracing
 
 
 @dataclass(slots=True)
@@ -25,12 +26,14 @@ class AppState:
     metrics: GatewayMetrics
     lifecycle: Lifecycle
     batches: BatchService
+    tracing: Tracing | None = None  # request spans, with --otlp-traces-endpoint
 
     admission: Admission = field(init=False)  # the parts a generation request is admitted with
 
     def __post_init__(self) -> None:
         self.admission = Admission(self.engine, self.quotas, self.metrics,
-                                   self.config.server.request_timeout_s)
+                                   self.config.server.request_timeout_s,
+                                   None if self.tracing is None else self.tracing.record)
 
 
 def state_of(request: Request) -> AppState:

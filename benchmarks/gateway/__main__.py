@@ -1,11 +1,11 @@
-"""`python -m benchmarks.gateway features [--json FILE] ...`."""
+"""`python -m benchmarks.gateway features | tracing [--json FILE] ...`."""
 
 from __future__ import annotations
 
-from benchmarks.gateway import features
+from benchmarks.gateway import features, tracing
 from benchmarks.harness import Bench, dispatch
 
-BENCHES: dict[str, Bench] = {"features": features.main}
+BENCHES: dict[str, Bench] = {"features": features.main, "tracing": tracing.main}
 
 
 def main(argv: list[str] | None = None) -> None:
