@@ -24,6 +24,7 @@ from gateway.fim import KNOWN_FIM
 from gateway.server import serve
 from gateway.tenants import TenantsFileError
 from gateway.tools.formats import KNOWN_FORMATS
+from gateway.tracing.setup import TracingUnavailable, check_tracing
 from models.cpu import keep_threads
 
 # flag dest -> config key (`section.field`)
@@ -46,7 +47,7 @@ _OVERRIDES = {
     "tenants": "tenants_file", "host": "server.host",
     "port": "server.port", "drain_timeout": "server.drain_timeout_s",
     "request_timeout": "server.request_timeout_s", "log_level": "server.log_level",
-    "data_dir": "batch.data_dir",
+    "data_dir": "batch.data_dir", "otlp_traces_endpoint": "server.otlp_traces_endpoint",
 }
 
 
@@ -112,6 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--drain-timeout", type=float, help="SIGTERM: seconds to finish in-flight")
     s.add_argument("--request-timeout", type=float, help="total deadline of one request, s")
     s.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+    s.add_argument("--otlp-traces-endpoint", metavar="URL",
+                   help="export a span per request over OTLP (protocol: "
+                        "$OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, default http/protobuf; needs "
+                        "pip install '.[otel]')")
     s.add_argument("--data-dir", help="Batch API files and state (default: the user data dir, "
                                       "or $SLICEGATE_DATA_DIR)")
     return parser
@@ -134,7 +139,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         check_data_dir(config.batch.resolved_data_dir)  # before minutes of model loading
-    except (DataDirBusy, OSError) as exc:
+        if config.server.otlp_traces_endpoint is not None:
+            check_tracing(config.server.otlp_traces_endpoint)
+    except (DataDirBusy, OSError, TracingUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=config.server.log_level.upper(),

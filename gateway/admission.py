@@ -8,6 +8,7 @@ it takes the app's parts as an `Admission`, so it imports neither the app state 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -42,6 +43,7 @@ class Admission:
     quotas: Quotas
     metrics: GatewayMetrics
     request_timeout_s: float  # each generation's deadline, from the request's arrival
+    tracer: Callable[[Job, float], None] | None = None  # records finished jobs' spans
     budgets: BudgetLedger = field(default_factory=BudgetLedger)  # tenants' token budgets
 
 
@@ -94,11 +96,14 @@ def _charged_tokens(options: GenerationOptions, prompts: list[list[int]],
 def build_job(admission: Admission, tenant: Tenant, priority: Priority,
               options: GenerationOptions, prompts: list[list[int]], chat: bool, *,
               request_id: str, arrival: float, ttft_slo_s: float | None,
-              tools: ToolRequest | None = None) -> Job:
-    """An admitted, not yet submitted Job: limits resolved, quota charged (429 ApiError).
+              tools: ToolRequest | None = None, origin: str = "http",
+              trace_headers: Mapping[str, str] | None = None) -> Job:
+    """An admitted, not yet submitted Job: limits resolved, quota charged, budget reserved
+    (429 ApiError).
 
     With `tools` whose calls are read, the choices' text is parsed for calls by the
-    served model's format."""
+    served model's format. With tracing on, the job's span continues `trace_headers`
+    (W3C `traceparent`, `tracestate`) and its scheduler requests record their plans."""
     engine, quotas = admission.engine, admission.quotas
     max_tokens = [resolve_max_tokens(options, len(p), engine.max_model_len, chat,
                                      engine.sampling_defaults.max_tokens) for p in prompts]
@@ -121,7 +126,8 @@ def build_job(admission: Admission, tenant: Tenant, priority: Priority,
                 ttft_slo_s=ttft_slo_s, arrival_time=arrival,
                 deadline_s=admission.request_timeout_s, cache_salt=tenant.cache_salt,
                 constraint=None if options.structured is None
-                else constraint_for(engine.grammars, options.structured)),
+                else constraint_for(engine.grammars, options.structured),
+                trace=admission.tracer is not None),
                 engine, options.stop, echo, leader)
             generations.append(generation)
             if j == 0 and _share_prefill(options, engine):
@@ -130,7 +136,8 @@ def build_job(admission: Admission, tenant: Tenant, priority: Priority,
     hold = admission.budgets.hold(tenant, prompt_tokens, options.n * sum(max_tokens))
     headers = {"x-slicegate-priority": priority.label, **quotas.headers(tenant)}
     return Job(fmt, tenant, priority, generations, lease, admission.metrics, arrival, headers,
-               n=options.n, budget=hold)
+               n=options.n, origin=origin, tracer=admission.tracer,
+               trace_headers=dict(trace_headers or {}), budget=hold)
 
 
 def _choice_sampling(sampling: SamplingParams, j: int) -> SamplingParams:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -25,6 +26,7 @@ from gateway.tenancy.ledger import BudgetLedger
 from gateway.tenancy.registry import TenantRegistry
 from gateway.tenancy.store import TenantStore
 from gateway.tokenize import router as tokenize_router
+from gateway.tracing.setup import SpanCounts, start_tracing
 from gateway.ui.routes import router as ui_router
 
 _MULTIPART_SLACK_BYTES = 1 << 20  # form fields and part headers around an uploaded file
@@ -35,8 +37,10 @@ def create_app(config: GatewayConfig, engine: Engine | None = None) -> FastAPI:
 
     The app's lifespan starts the engine's scheduler and the Batch API (which
     resumes unfinished batches) and, on shutdown, stops the Batch API and then
-    the scheduler (draining for up to `config.server.drain_timeout_s`). Its
-    state is `app.state.gateway` (an `AppState`).
+    the scheduler (draining for up to `config.server.drain_timeout_s`), then
+    flushes the trace exporter, if tracing is on. Its state is
+    `app.state.gateway` (an `AppState`). Raises TracingUnavailable when
+    `otlp_traces_endpoint` is set without the `otel` extra.
     """
     engine = engine if engine is not None else build_engine(config)
     metrics = GatewayMetrics(engine.served_model_name)
@@ -46,7 +50,11 @@ def create_app(config: GatewayConfig, engine: Engine | None = None) -> FastAPI:
     metrics.registry.register(budgets)
     batches = BatchService(config.batch)
     metrics.registry.register(batches)
-    state = AppState(config, engine, Quotas(), metrics, Lifecycle(), batches, tenants, budgets)
+    tracing = start_tracing(endpoint) if (endpoint := config.server.otlp_traces_endpoint) else None
+    if tracing is not None:
+        metrics.registry.register(SpanCounts(tracing))
+    state = AppState(config, engine, Quotas(), metrics, Lifecycle(), batches, tenants, budgets,
+                     tracing)
     context = batch_context(state)
 
     @asynccontextmanager
@@ -65,6 +73,8 @@ def create_app(config: GatewayConfig, engine: Engine | None = None) -> FastAPI:
             state.lifecycle.begin_drain()
             await engine.scheduler.stop(drain=True, timeout_s=config.server.drain_timeout_s)
             close_tenant_store(state)
+            if tracing is not None:  # NOTE: last: the spans of the requests drained above
+                await asyncio.to_thread(tracing.shutdown)
 
     app = FastAPI(title="slicegate", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)

@@ -24,6 +24,7 @@ from gateway.state import state_of
 from gateway.streaming import EventStreamResponse, first_delta, sse_body
 from gateway.tenants import Tenant, effective_priority
 from gateway.tools.types import ToolRequest
+from gateway.tracing.setup import incoming_context
 
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"; never seen by it
 
@@ -38,7 +39,9 @@ async def generate(request: Request, tenant: Tenant, options: GenerationOptions,
     try:
         job = build_job(state.admission, tenant, priority, options, prompts, chat,
                         request_id=request_id_of(request), arrival=arrival_of(request),
-                        ttft_slo_s=tenant.ttft_slo_s, tools=tools)
+                        ttft_slo_s=tenant.ttft_slo_s, tools=tools,
+                        trace_headers=None if state.tracing is None
+                        else incoming_context(request.headers))
     except ApiError as exc:
         if exc.status == 429:
             state.metrics.rejected.labels(tenant.name, exc.type).inc()

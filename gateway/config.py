@@ -204,10 +204,15 @@ class ServerSettings:
     max_prompts_per_request: int = 64  # completions: a list of prompts -> one choice each
     max_body_bytes: int = 8 << 20  # larger request bodies get 413
     log_level: str = "info"
+    # OTLP endpoint request spans are exported to (gateway/tracing/); None = tracing off
+    otlp_traces_endpoint: str | None = None
 
     def __post_init__(self) -> None:
         _require(isinstance(self.port, int) and 0 <= self.port <= 65535, "server.port",
                  "an integer in [0, 65535]")
+        _require(self.otlp_traces_endpoint is None or (isinstance(self.otlp_traces_endpoint, str)
+                                                       and bool(self.otlp_traces_endpoint)),
+                 "server.otlp_traces_endpoint", "an OTLP endpoint URL")
         for key in ("drain_timeout_s", "request_timeout_s"):
             value = getattr(self, key)
             _require(isinstance(value, int | float) and not isinstance(value, bool) and value > 0,

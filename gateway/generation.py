@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from gateway.detokenize import IncrementalDetokenizer, StopMatcher
 from gateway.engine import Engine
 from gateway.logprobs import Scored
-from scheduler.api import FinishReason, Request, TokenEvent
+from scheduler.api import FinishReason, Request, RequestTrace, TokenEvent
 
 _FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length",
            FinishReason.ABORT: "abort", FinishReason.ERROR: "error"}
@@ -66,6 +66,7 @@ class Generation:
         self.num_generated = 0
         self.num_cached_tokens = 0  # prompt tokens the scheduler found in its prefix cache
         self.finish_reason: str | None = None
+        self.trace: RequestTrace | None = None  # the scheduler's, with a traced request's end
         self._echo = echo  # the prompt's text, sent before the first token's
         self._scored: list[Scored] = []  # log-probs not yet sent
         self._num_chars = 0  # characters sent
@@ -168,6 +169,8 @@ class Generation:
         text = ""
         sampling = self.request.sampling
         self.num_cached_tokens = event.num_cached_tokens
+        if event.trace is not None:
+            self.trace = event.trace
         if event.token_id is not None:
             self.num_generated += 1
             self.first_token_time = self.first_token_time or event.time

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +19,8 @@ from gateway.responses import ResponseFormat, usage
 from gateway.tenancy.ledger import BudgetHold
 from gateway.tenants import Tenant
 from scheduler.api import Overloaded, RequestTooLarge, SubmitError
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -33,6 +37,11 @@ class Job:
     headers: dict[str, str] = field(default_factory=dict)  # sent with the response
     finished: bool = False
     n: int = 1  # choices per prompt: generations[p * n + j] is prompt p's choice j
+    origin: str = "http"  # or "batch": a Batch API line
+    # with tracing on: records the finished job's span (gateway/tracing/), given its end
+    # (monotonic s); `trace_headers` are the request's W3C trace context headers
+    tracer: Callable[[Job, float], None] | None = None
+    trace_headers: dict[str, str] = field(default_factory=dict)
     budget: BudgetHold | None = None  # its reservation in the tenant's token budget
 
     def submit(self, prompt_param: str) -> None:
@@ -85,6 +94,11 @@ class Job:
         for generation in self.generations:
             if generation.submit_time is not None:
                 self._observe(generation, labels, now)
+        if self.tracer is not None:
+            try:
+                self.tracer(self, now)
+            except Exception:  # NOTE: a span that cannot be built never fails its request
+                logger.exception("recording the trace span of %s failed", self.format.id)
 
     def _observe(self, g: Generation, labels: tuple[str, str, str], now: float) -> None:
         m = self.metrics

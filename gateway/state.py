@@ -16,6 +16,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.quotas import Quotas
 from gateway.tenancy.ledger import BudgetLedger
 from gateway.tenancy.registry import TenantRegistry
+from gateway.tracing.setup import Tracing
 
 
 @dataclass(slots=True)
@@ -30,12 +31,15 @@ class AppState:
     batches: BatchService
     tenants: TenantRegistry  # the running tenants (read `.current`, never config.tenants)
     budgets: BudgetLedger
+    tracing: Tracing | None = None  # request spans, with --otlp-traces-endpoint
 
     admission: Admission = field(init=False)  # the parts a generation request is admitted with
 
     def __post_init__(self) -> None:
         self.admission = Admission(self.engine, self.quotas, self.metrics,
-                                   self.config.server.request_timeout_s, self.budgets)
+                                   self.config.server.request_timeout_s,
+                                   None if self.tracing is None else self.tracing.record,
+                                   self.budgets)
 
 
 def state_of(request: Request) -> AppState:

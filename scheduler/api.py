@@ -25,6 +25,31 @@ class FinishReason(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class PlanRun:
+    """Consecutive plans of one request of one kind on the same devices (times monotonic s).
+
+    A request's decode steps on one placement are one run; a preemption, a migration or a
+    chunked prefill's next chunk on other devices starts another."""
+
+    kind: str  # "prefill" (its plans feed prompt tokens) or "decode"
+    devices: tuple[str, ...]  # the devices its operators ran on, in chain order
+    start: float  # the first plan was issued
+    end: float  # the last plan was done (or the request ended)
+    num_plans: int
+    num_tokens: int  # tokens the request fed in these plans
+    max_batch_size: int  # most requests in one of these plans
+
+
+@dataclass(frozen=True, slots=True)
+class RequestTrace:
+    """What the scheduler saw of one request, for its trace span (`Request.trace`)."""
+
+    scheduled_time: float | None  # monotonic s its first plan was issued; None = never
+    num_preemptions: int
+    runs: tuple[PlanRun, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class TokenEvent:
     """One generated token, or the end of the stream.
 
@@ -43,6 +68,7 @@ class TokenEvent:
     # set on the first token's event when it asks `sampling.prompt_logprobs`: one per prompt
     # token, None for the first (nothing predicts it)
     prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None
+    trace: RequestTrace | None = None  # on the last event of a request that asked `trace`
 
 
 class SubmitError(Exception):
@@ -82,6 +108,7 @@ class Request:
     cache_salt: str = ""
     # structured output: its grammar's matcher, advanced with each token (one per request)
     constraint: Constraint | None = field(default=None, compare=False)
+    trace: bool = False  # record its plans: its last event carries a `RequestTrace`
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

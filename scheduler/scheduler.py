@@ -363,6 +363,8 @@ class Scheduler(Components):
             s.status = Status.RUNNING
             s.scheduled_time = s.scheduled_time or now
             s.on_issued()
+            if s.journal is not None:
+                s.journal.issued_plan(plan, s.rid, s.prompt_len, now)
         self.exec.enqueue(plan.ops)
 
     def _issuable(self, rid: str, plan: Plan) -> RequestState:
@@ -542,7 +544,8 @@ class Scheduler(Components):
         first = len(s.output_ids) == 1 and s.req.sampling.prompt_logprobs is not None
         s.emit(TokenEvent(token, len(s.output_ids) - 1, now, reason,
                           num_cached_tokens=s.num_cached_tokens, logprobs=logprobs,
-                          prompt_logprobs=tuple(s.prompt_logprobs) if first else None))
+                          prompt_logprobs=tuple(s.prompt_logprobs) if first else None,
+                          trace=None if reason is None else s.trace(now)))
         if reason is not None:
             s.ending, s.stream_closed = reason, True
 
@@ -553,9 +556,12 @@ class Scheduler(Components):
         held = self.inflight.remove(plan)
         self.gmg.remove(plan.ops)
         self.exec.release(plan.ops)
+        now = self.clock()
         for rid in held:
             if (s := self.states.get(rid)) is None:
                 continue
+            if s.journal is not None:
+                s.journal.done(now)
             s.status = Status.RUNNABLE
             if error is not None:
                 self.requests.end(s, FinishReason.ERROR, error, emit=not s.stream_closed)
@@ -587,3 +593,4 @@ def _finish_reason(s: RequestState, token: int) -> FinishReason | None:
     if reason is None and s.req.constraint is not None and s.req.constraint.is_complete:
         return FinishReason.STOP  # the grammar is complete
     return None if reason is None else FinishReason(reason)
+

@@ -93,7 +93,8 @@ def prepare(context: BatchContext, tenant: Tenant, endpoint: str, custom_id: str
                                       options.service_tier)
         job = build_job(context.admission, tenant, priority, options, prompts, chat,
                         request_id=request_id, arrival=time.monotonic(), ttft_slo_s=None,
-                        tools=parsed.tools if isinstance(parsed, ChatBody) else None)
+                        tools=parsed.tools if isinstance(parsed, ChatBody) else None,
+                        origin="batch")
         prompt_param = "messages" if chat else "prompt"
         job.submit(prompt_param)
     except ApiError as exc:

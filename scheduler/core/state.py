@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 from executors.types import Priority
 from models.logprobs import TokenLogprobs
 from models.prefix_cache import BlockKey, block_keys
-from scheduler.api import FinishReason, Request, TokenEvent
+from scheduler.api import FinishReason, Request, RequestTrace, TokenEvent
 from scheduler.core.ieg import IEGNode, NodeKind, NodeState
+from scheduler.core.journal import PlanJournal
 from scheduler.round.requestview import Placement, RequestView
 
 
@@ -63,8 +64,13 @@ class RequestState:
     prompt_logprobs: list[TokenLogprobs | None] = field(default_factory=list)
     _keys: list[BlockKey] = field(default_factory=list, repr=False)  # of its full blocks
     shed: Exception | None = None  # set when evicted from its queue: its stream raises it
+    journal: PlanJournal | None = None  # its plan runs, when the request asks `trace`
     _view: RequestView | None = field(default=None, repr=False)
     _view_key: tuple = field(default=(), repr=False)
+
+    def __post_init__(self) -> None:
+        if self.req.trace:
+            self.journal = PlanJournal()
 
     @property
     def rid(self) -> str:
@@ -159,6 +165,12 @@ class RequestState:
     def emit(self, event: TokenEvent) -> None:
         self.events.put_nowait(event)
 
+    def trace(self, now: float) -> RequestTrace | None:
+        """Its `RequestTrace` as of `now`, when it asks for one (for its last event)."""
+        if self.journal is None:
+            return None
+        return self.journal.trace(self.scheduled_time, self.num_preemptions, now)
+
     # -- the IEG -----------------------------------------------------------------------------
     def frontier(self) -> IEGNode | None:
         """The next node to run: the first unfinished prefill or decode node."""
@@ -202,8 +214,9 @@ class RequestState:
             return
         self.status = Status.DONE
         if emit:
-            self.emit(TokenEvent(None, len(self.output_ids), time.monotonic(), reason, error,
-                                 self.num_cached_tokens))
+            now = time.monotonic()
+            self.emit(TokenEvent(None, len(self.output_ids), now, reason, error,
+                                 self.num_cached_tokens, trace=self.trace(now)))
         end = {FinishReason.ERROR: NodeState.FAILED, FinishReason.ABORT: NodeState.ABORTED}
         final = end.get(reason)
         for n in self.nodes:

@@ -17,7 +17,7 @@ import random
 import time
 from collections import Counter, deque
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from executors.types import Priority
@@ -27,8 +27,10 @@ from scheduler.api import (
     DirectUnavailable,
     FinishReason,
     Overloaded,
+    PlanRun,
     Request,
     RequestTooLarge,
+    RequestTrace,
     SchedulerStats,
     TokenEvent,
 )
@@ -77,6 +79,7 @@ class _Slot:
     state: NodeState = NodeState.READY
     num_blocks: int = 0
     num_generated: int = 0
+    admitted_time: float | None = None  # monotonic s it started running
     first_token_time: float | None = None
 
 
@@ -256,6 +259,7 @@ class FakeScheduler:
                 slot.num_blocks = blocks
                 self._used_blocks += blocks
                 slot.state = NodeState.RUNNING
+                slot.admitted_time = time.monotonic()
                 self._running.append(slot)
 
     def _step(self, start: float) -> None:
@@ -343,9 +347,24 @@ class FakeScheduler:
                       else NodeState.FAILED if event.finish_reason is FinishReason.ERROR
                       else NodeState.COMPLETED)
         del self._slots[request_id]
+        if slot.request.trace:
+            event = replace(event, trace=self._trace(slot, event.time))
         slot.events.put_nowait(event)
         if not self._slots:
             self._idle.set()
+
+    def _trace(self, slot: _Slot, now: float) -> RequestTrace:
+        """A prefill run to its first token, then a decode run, on the fake's one device."""
+        runs: list[PlanRun] = []
+        start, first = slot.admitted_time, slot.first_token_time
+        devices = (self.config.device,)
+        if start is not None:
+            prompt = len(slot.request.prompt_token_ids)
+            runs.append(PlanRun("prefill", devices, start, first or now, 1, prompt, 1))
+        if first is not None and slot.num_generated > 1:
+            steps = slot.num_generated - 1
+            runs.append(PlanRun("decode", devices, first, now, steps, steps, 1))
+        return RequestTrace(start, 0, tuple(runs))
 
     def _record_ttft(self, slot: _Slot) -> None:
         deadline = slot.request.ttft_deadline
