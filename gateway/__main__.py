@@ -24,6 +24,8 @@ from gateway.fim import KNOWN_FIM
 from gateway.server import serve
 from gateway.tenants import TenantsFileError
 from gateway.tools.formats import KNOWN_FORMATS
+from gateway.transport import OVERRIDES as TRANSPORT_OVERRIDES
+from gateway.transport import add_arguments as add_transport_arguments
 from models.cpu import keep_threads
 
 # flag dest -> config key (`section.field`)
@@ -46,7 +48,7 @@ _OVERRIDES = {
     "tenants": "tenants_file", "host": "server.host",
     "port": "server.port", "drain_timeout": "server.drain_timeout_s",
     "request_timeout": "server.request_timeout_s", "log_level": "server.log_level",
-    "data_dir": "batch.data_dir",
+    "data_dir": "batch.data_dir", **TRANSPORT_OVERRIDES,
 }
 
 
@@ -114,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
     s.add_argument("--data-dir", help="Batch API files and state (default: the user data dir, "
                                       "or $SLICEGATE_DATA_DIR)")
+    add_transport_arguments(s)  # CORS and TLS
     return parser
 
 
