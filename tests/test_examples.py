@@ -66,6 +66,13 @@ def metric_names(expr: str) -> set[str]:
     return names
 
 
+def grouping_labels(expr: str) -> set[str]:
+    """The labels of `by (...)` / `without (...)` / `on (...)` / `ignoring (...)` lists."""
+    text = _VARIABLE.sub("1", _STRING.sub('""', expr))
+    return {label.strip() for group in _LABEL_LIST.findall(text)
+            for label in group[group.index("(") + 1:-1].split(",") if label.strip()}
+
+
 def selector_labels(expr: str) -> set[tuple[str, str]]:
     """(metric, label) for every label matcher on a named metric."""
     text = _VARIABLE.sub("1", _STRING.sub('""', expr))
@@ -111,6 +118,13 @@ def problems(dashboard: Any, series: dict[str, set[str]]) -> list[str]:
         out += [f"{name}{{{label}}}: no such label ({expr})"
                 for name, label in sorted(selector_labels(expr))
                 if name in series and series[name] and label not in series[name]]
+        # NOTE: a grouping label is checked where every metric of the expression has
+        # samples (a family with none yet, as preemptions on an idle server, has no labels)
+        known = [series.get(name) for name in metric_names(expr)]
+        if known and all(known):
+            labels = set().union(*known)  # type: ignore[arg-type]
+            out += [f"by ({label}): no metric has it ({expr})"
+                    for label in sorted(grouping_labels(expr) - labels)]
     return out
 
 
@@ -121,6 +135,7 @@ def test_the_tokenizer_finds_metrics_and_skips_the_rest() -> None:
             'other_metric[5m:1m]')
     assert metric_names(expr) == {"vllm:ttft_bucket", "slo_seconds", "other_metric"}
     assert selector_labels(expr) == {("vllm:ttft_bucket", "tenant"), ("vllm:ttft_bucket", "le")}
+    assert grouping_labels(expr) == {"tenant", "le", "x"}
     assert metric_names("label_values(vllm:request_success_total, tenant)") == {
         "vllm:request_success_total"}
 
@@ -128,10 +143,12 @@ def test_the_tokenizer_finds_metrics_and_skips_the_rest() -> None:
 def test_a_panel_naming_a_missing_metric_or_label_is_reported() -> None:
     series = {"up": {"job"}, "vllm:x_bucket": {"tenant", "le"}}
     dashboard = {"panels": [{"targets": [{"expr": "sum(rate(vllm:x_bucket{tenant=\"a\"}[5m]))"},
-                                         {"expr": "rate(nope_total[5m]) + up{pod=\"p\"}"}]}]}
+                                         {"expr": "rate(nope_total[5m]) + up{pod=\"p\"}"},
+                                         {"expr": "sum by (job, pod) (up)"}]}]}
     assert problems(dashboard, series) == [
         "nope_total: not exported (rate(nope_total[5m]) + up{pod=\"p\"})",
-        "up{pod}: no such label (rate(nope_total[5m]) + up{pod=\"p\"})"]
+        "up{pod}: no such label (rate(nope_total[5m]) + up{pod=\"p\"})",
+        "by (pod): no metric has it (sum by (job, pod) (up))"]
 
 
 @pytest.fixture(scope="module")
