@@ -48,7 +48,8 @@ _OVERRIDES = {
     "tenants": "tenants_file", "host": "server.host",
     "port": "server.port", "drain_timeout": "server.drain_timeout_s",
     "request_timeout": "server.request_timeout_s", "log_level": "server.log_level",
-    "data_dir": "batch.data_dir", **TRANSPORT_OVERRIDES,
+    "data_dir": "batch.data_dir",
+    **TRANSPORT_OVERRIDES,  # CORS and TLS
 }
 
 
