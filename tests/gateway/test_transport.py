@@ -238,3 +238,16 @@ async def test_cors_flags_take_json_lists_as_vllms() -> None:
                            ('[""]', "expected a list of non-empty strings")):
         with pytest.raises(ConfigError, match=f"cors.allowed_origins: {message}"):
             load_config(None, {"cors.allowed_origins": value})
+
+
+async def test_a_config_file_has_cors_and_tls_sections(pki: Pki, tmp_path: Path) -> None:
+    path = tmp_path / "gateway.yaml"
+    path.write_text(f"cors: {{allowed_origins: ['{ORIGIN}'], allow_credentials: true}}\n"
+                    f"tls: {{ssl_keyfile: '{pki.server_key}', ssl_certfile: "
+                    f"'{pki.server_cert}'}}\n")
+    config = load_config(path)
+    assert config.cors.allowed_origins == (ORIGIN,) and config.tls.enabled
+    assert config.tls.uvicorn_options()["ssl_certfile"] == str(pki.server_cert)
+    path.write_text("tls: {ssl_password: x}\n")
+    with pytest.raises(ConfigError, match="tls: unknown key"):
+        load_config(path)
