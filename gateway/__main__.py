@@ -25,6 +25,8 @@ from gateway.server import serve
 from gateway.tenants import TenantsFileError
 from gateway.tools.formats import KNOWN_FORMATS
 from gateway.tracing.setup import TracingUnavailable, check_tracing
+from gateway.transport import OVERRIDES as TRANSPORT_OVERRIDES
+from gateway.transport import add_arguments as add_transport_arguments
 from models.cpu import keep_threads
 
 # flag dest -> config key (`section.field`)
@@ -48,6 +50,7 @@ _OVERRIDES = {
     "port": "server.port", "drain_timeout": "server.drain_timeout_s",
     "request_timeout": "server.request_timeout_s", "log_level": "server.log_level",
     "data_dir": "batch.data_dir", "otlp_traces_endpoint": "server.otlp_traces_endpoint",
+    **TRANSPORT_OVERRIDES,  # CORS and TLS
 }
 
 
@@ -119,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "pip install '.[otel]')")
     s.add_argument("--data-dir", help="Batch API files and state (default: the user data dir, "
                                       "or $SLICEGATE_DATA_DIR)")
+    add_transport_arguments(s)  # CORS and TLS
     return parser
 
 

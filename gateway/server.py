@@ -88,7 +88,8 @@ def make_server(config: GatewayConfig, engine: Engine | None = None) -> GatewayS
     uv_config = uvicorn.Config(app, host=config.server.host, port=config.server.port,
                                log_level=config.server.log_level, lifespan="on",
                                loop="uvloop", http=QuietHttpToolsProtocol,
-                               timeout_graceful_shutdown=_CANCEL_GRACE_S)
+                               timeout_graceful_shutdown=_CANCEL_GRACE_S,
+                               **config.tls.uvicorn_options())
     return GatewayServer(uv_config, state.lifecycle, config.server.drain_timeout_s)
 
 

@@ -11,8 +11,8 @@ The tenants file (YAML)::
         max_concurrency: 64     # omitted limits mean unlimited
         requests_per_minute: 600
         tokens_per_minute: 200000
-        share_prefix_cache: false  # default true; false: no other tenant hits its cached
-                                   # prompt blocks (nor it theirs), so none can time-probe them
+        share_prefix_cache: true   # default false: no other tenant hits its cached prompt
+                                   # blocks (nor it theirs), so none can time-probe them
 
 Without a tenants file auth is off and every request belongs to one default
 tenant (class `high`, so that a request can still choose any class by lowering).
@@ -47,7 +47,7 @@ class Tenant:
     max_concurrency: int | None = None
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None
-    share_prefix_cache: bool = True  # False: its KV blocks are keyed with its name too
+    share_prefix_cache: bool = False  # False: its KV blocks are keyed with its name too
 
     @property
     def cache_salt(self) -> str:
@@ -244,7 +244,7 @@ class _Reader:
         limits = {k: self.positive(item, k, f"{path}.{k}", integer=True) for k in _LIMIT_FIELDS}
         slo = self.positive(item, "ttft_slo_ms", f"{path}.ttft_slo_ms", integer=False)
         keys = self.keys(item, "api_keys", f"{path}.api_keys", required=True)
-        share = item.get("share_prefix_cache", True)
+        share = item.get("share_prefix_cache", False)
         if not isinstance(share, bool):
             self.fail(item, "share_prefix_cache", f"{path}.share_prefix_cache",
                       f"must be true or false, got {share!r}")
