@@ -6,7 +6,8 @@ A config file mirrors the tree (every key optional)::
                 generation_config: auto, fim: auto, tool_parser: auto}
     scheduler: {devices: "cpu:0,cpu:1", device_memory_gib: null, policy: slice,
                 ray_address: null}
-    server:    {host: 127.0.0.1, port: 8000, drain_timeout_s: 30, request_timeout_s: 600}
+    server:    {host: 127.0.0.1, port: 8000, drain_timeout_s: 30, request_timeout_s: 600,
+                log_level: info, log_format: text}
     batch:     {data_dir: null, max_file_bytes: 104857600, max_file_lines: 50000}
     tenants_file: tenants.yaml
 
@@ -27,6 +28,7 @@ import platformdirs
 import yaml
 
 from gateway.fim import parse_fim_setting
+from gateway.logs import LOG_FORMATS, LOG_LEVELS
 from gateway.tenants import TenantsConfig, load_tenants
 from gateway.tools.formats import parse_tool_parser_setting
 from scheduler import factory
@@ -204,8 +206,13 @@ class ServerSettings:
     max_prompts_per_request: int = 64  # completions: a list of prompts -> one choice each
     max_body_bytes: int = 8 << 20  # larger request bodies get 413
     log_level: str = "info"
+    log_format: str = "text"  # or "json": one object per line (gateway/logs.py)
 
     def __post_init__(self) -> None:
+        _require(self.log_level in LOG_LEVELS, "server.log_level",
+                 f"one of {', '.join(LOG_LEVELS)}")
+        _require(self.log_format in LOG_FORMATS, "server.log_format",
+                 f"one of {', '.join(LOG_FORMATS)}")
         _require(isinstance(self.port, int) and 0 <= self.port <= 65535, "server.port",
                  "an integer in [0, 65535]")
         for key in ("drain_timeout_s", "request_timeout_s"):

@@ -25,6 +25,7 @@ from gateway.app import create_app
 from gateway.config import GatewayConfig
 from gateway.engine import Engine
 from gateway.lifecycle import Lifecycle
+from gateway.logs import uvicorn_log_config
 from gateway.state import AppState
 
 logger = logging.getLogger("gateway")
@@ -87,6 +88,7 @@ def make_server(config: GatewayConfig, engine: Engine | None = None) -> GatewayS
     # written by the app once the response is out (gateway/accesslog.py), not before it.
     uv_config = uvicorn.Config(app, host=config.server.host, port=config.server.port,
                                log_level=config.server.log_level, lifespan="on",
+                               log_config=uvicorn_log_config(),
                                loop="uvloop", http=QuietHttpToolsProtocol,
                                timeout_graceful_shutdown=_CANCEL_GRACE_S)
     return GatewayServer(uv_config, state.lifecycle, config.server.drain_timeout_s)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
 
 import pytest
 
+import gateway.__main__
 from gateway.__main__ import build_parser, config_from_args, main
 from gateway.batches.service import lock_data_dir
 from gateway.config import ConfigError, GatewayConfig, ServerSettings, load_config
@@ -130,7 +130,7 @@ async def test_server_settings_validate() -> None:
 
 async def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                               monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(logging, "basicConfig", lambda **kwargs: None)
+    monkeypatch.setattr(gateway.__main__, "configure_logging", lambda *args: None)
     bad = tmp_path / "tenants.yaml"
     bad.write_text("tenants:\n  - name: x\n    api_keys: [k]\n    priority: urgent\n")
     assert main(["serve", "--tenants", str(bad)]) == 2
