@@ -28,6 +28,7 @@ from gateway.logs import (
     note_request,
     uvicorn_log_config,
 )
+from models import native
 from tests.gateway.harness import TENANTS_YAML
 from tests.serve import GatewayProcess
 
@@ -175,3 +176,25 @@ def test_json_lines_name_the_reason_tenant_and_request_of_each_failure(
     (second,) = [ln for ln in lines if ln.get("path") == "/v1/chat/completions"]
     assert (second["status"], second["error_code"]) == (401, "invalid_api_key")
     assert "tenant" not in second  # an unknown key names no tenant
+
+
+STEPS = ("models.loader: loading model tiny-random from ",
+         "models.tuning: measuring the fastest CPU kernels on ",
+         "models.warmup: warming the GEMMs at ",
+         "scheduler.cost.profiling: profiling the operators of tiny-random on cpu:0, cpu:1")
+
+
+def test_a_first_start_logs_each_long_step_as_it_begins_and_ends(tmp_path: Path) -> None:
+    env = {"SLICEGATE_CACHE": str(tmp_path / "cache")}  # nothing measured or profiled yet
+    with GatewayProcess(TINY, tmp_path / "server.log", env=env) as server:
+        log = server.log()
+    assert "\r" not in log
+    lines = log.splitlines()
+    compiles = ("models.native: compiling the native library kernels for this CPU",)
+    for step in STEPS + (compiles if native.library() is not None else ()):
+        begins = [ln for ln in lines if step in ln and ln.endswith(" ...")]
+        ends = [ln for ln in lines if step in ln and re.search(r": done in \d+\.\d s", ln)]
+        assert (len(begins), len(ends)) == (1, 1), (step, lines)
+        assert lines.index(begins[0]) < lines.index(ends[0])
+    ready = next(i for i, ln in enumerate(lines) if "Uvicorn running on" in ln)
+    assert all(lines.index(ln) < ready for ln in lines if ": done in " in ln)
