@@ -67,6 +67,11 @@ class ReprofileGate:
             self._closed_since = now
         return is_open
 
+    def held_s(self, now: float) -> float:
+        """`deferred_s`, plus the current stretch if the gate is closed at `now`."""
+        return self.deferred_s + (now - self._closed_since if self._closed_since is not None
+                                  else 0.0)
+
     def reset(self) -> None:
         """A new job: nothing deferred yet."""
         self.deferred_s, self._closed_since = 0.0, None

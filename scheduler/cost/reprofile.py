@@ -102,6 +102,10 @@ class PairProfiler:
         executors stop): a sweep's thread ends at its next op instead of timing it on a
         stopped executor, and a drift seen later queues nothing."""
         self._abort.set()
+        if self._todo:
+            logger.info("re-profile of %s dropped: the server stops (deferred %.1f s for "
+                        "interactive work so far)", ", ".join(map(str, self._todo)),
+                        self.gate.held_s(time.monotonic()))
         self._todo.clear()
         if self._task is not None and not self._task.done():
             self._task.cancel()

@@ -40,6 +40,7 @@ def test_the_gate_holds_while_interactive_work_lasts_then_a_quiet_period() -> No
     assert not gate.check(busy, 10.0)
     assert not gate.check(busy, 12.0)
     assert not gate.check(IDLE, 12.5)  # ended at 12: quiet until 13
+    assert gate.held_s(12.5) == pytest.approx(2.5)  # closed since 10
     assert gate.check(IDLE, 13.0)
     assert gate.deferred_s == pytest.approx(3.0)  # closed from 10 to 13
     gate.reset()
