@@ -147,3 +147,14 @@ async def test_serve_refuses_a_data_dir_another_server_holds(
     finally:
         os.close(held)
     assert "another slicegate server uses the data dir" in capsys.readouterr().err
+
+
+async def test_log_format_and_level_come_from_flags_and_are_validated() -> None:
+    args = build_parser().parse_args(["serve", "--log-format", "json", "--log-level", "debug"])
+    server = config_from_args(args).server
+    assert (server.log_format, server.log_level) == ("json", "debug")
+    assert GatewayConfig().server.log_format == "text"
+    with pytest.raises(ConfigError, match="server.log_format"):
+        ServerSettings(log_format="xml")
+    with pytest.raises(ConfigError, match="server.log_level"):
+        ServerSettings(log_level="loud")
