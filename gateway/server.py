@@ -25,7 +25,7 @@ from gateway.app import create_app
 from gateway.config import GatewayConfig
 from gateway.engine import Engine
 from gateway.lifecycle import Lifecycle
-from gateway.logs import uvicorn_log_config
+from gateway.logs import configure_logging, uvicorn_log_config
 from gateway.state import AppState
 
 logger = logging.getLogger("gateway")
@@ -95,7 +95,11 @@ def make_server(config: GatewayConfig, engine: Engine | None = None) -> GatewayS
 
 
 def serve(config: GatewayConfig, engine: Engine | None = None) -> int:
-    """Run the gateway until a signal has drained it; the process exit status (0 = clean)."""
+    """Run the gateway until a signal has drained it; the process exit status (0 = clean).
+    Logging is configured as `config.server` says (`gateway.logs.configure_logging`)."""
+    # NOTE: again where `main` did it for the start-up lines: uvicorn's loggers write
+    # through the root logger's handler, which a caller of `serve` alone has not installed
+    configure_logging(config.server.log_level, config.server.log_format)
     server = make_server(config, engine)
     server.run()
     return 0 if server.started else 1
