@@ -29,6 +29,8 @@ from transformers.utils import logging as hf_logging
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 UVICORN_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi")
+# slicegate's own loggers: at the level asked for; other libraries' at INFO or above
+OWN_LOGGERS = ("gateway", "scheduler", "models", "executors", "loadgen", "benchmarks")
 
 # NOTE: one mutable dict per HTTP request, set by the outermost middleware
 # (gateway/accesslog.py) and shared with everything that request runs (its tasks copy the
@@ -128,7 +130,8 @@ class _GatewayHandler(logging.StreamHandler):
 def configure_logging(level: str = "info", log_format: str = "text",
                       stream: TextIO | None = None) -> logging.Handler:
     """Send every logger's records, in `log_format`, to `stream` (default stderr), at
-    `level` and above; returns the handler. Progress bars go off unless it is a terminal."""
+    `level` and above (other libraries' DEBUG lines stay off); returns the handler.
+    Progress bars go off unless `stream` is a terminal."""
     stream = stream if stream is not None else sys.stderr
     handler = _GatewayHandler(stream)
     handler.setFormatter(make_formatter(log_format))
@@ -137,7 +140,10 @@ def configure_logging(level: str = "info", log_format: str = "text",
     for old in [h for h in root.handlers if isinstance(h, _GatewayHandler)]:
         root.removeHandler(old)
     root.addHandler(handler)
-    root.setLevel(level.upper())
+    threshold = logging.getLevelName(level.upper())
+    root.setLevel(max(threshold, logging.INFO))
+    for name in OWN_LOGGERS:
+        logging.getLogger(name).setLevel(threshold)
     logging.captureWarnings(True)
     # NOTE: transformers writes through a handler of its own, without a timestamp
     hf_logging.disable_default_handler()

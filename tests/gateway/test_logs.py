@@ -19,6 +19,7 @@ from starlette.types import Message, Receive, Scope, Send
 from gateway.accesslog import AccessLogMiddleware
 from gateway.errors import ErrorMiddleware
 from gateway.logs import (
+    OWN_LOGGERS,
     JsonFormatter,
     RequestFields,
     TextFormatter,
@@ -85,13 +86,25 @@ def logged() -> Iterator[io.StringIO]:
     """The root logger configured as the server does (JSON), into a buffer; put back after."""
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
+    own = {name: logging.getLogger(name).level for name in OWN_LOGGERS}
     out = io.StringIO()
     handler = configure_logging("info", "json", out)
     yield out
     root.removeHandler(handler)
     root.handlers[:] = handlers
     root.setLevel(level)
+    for name, was in own.items():
+        logging.getLogger(name).setLevel(was)
     logging.captureWarnings(False)
+
+
+def test_debug_is_for_slicegate_s_loggers_only(logged: io.StringIO) -> None:
+    configure_logging("debug", "json", logged)
+    logging.getLogger("scheduler.cost.colearn").debug("co-location slowdowns learnt")
+    logging.getLogger("asyncio").debug("Using selector: EpollSelector")
+    logging.getLogger("asyncio").info("a library's INFO line")
+    lines = [json.loads(ln)["msg"] for ln in logged.getvalue().splitlines()]
+    assert lines == ["co-location slowdowns learnt", "a library's INFO line"]
 
 
 def test_uvicorn_loggers_propagate_into_the_one_format(logged: io.StringIO) -> None:
