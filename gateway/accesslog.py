@@ -84,10 +84,15 @@ def log_access(scope: Any, status: int, body: bytes, fields: dict[str, Any]) -> 
     elif error is not None:
         line += " cut short by an internal error"
     noted = [f"{key}={fields[key]}" for key in ("tenant", "request_id") if key in fields]
-    if status >= 400 or error is not None:
-        line += f" [{' '.join(noted)}]" if noted else ""
+    if level > logging.INFO and noted:
+        line += f" [{' '.join(noted)}]"
     exc_info = (type(error), error, error.__traceback__) if error is not None else None
-    logger.log(level, "%s", line, extra=extra, exc_info=exc_info)
+    logger.log(level, "%s", one_line(line), extra=extra, exc_info=exc_info)
+
+
+def one_line(text: str) -> str:
+    """`text` with its line breaks escaped: a client's path or input cannot forge a line."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
 def error_reason(body: bytes) -> tuple[str, str]:

@@ -33,6 +33,7 @@ from models import native
 from tests.gateway.harness import TENANTS_YAML
 from tests.serve import GatewayProcess
 
+FORGED = "2026-01-01T00:00:00.000+00:00 INFO gateway: a forged line"
 STAMP = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d"
 TEXT_LINE = re.compile(rf"^{STAMP} (DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w.]+: .*$")
 TINY = ["--model", "tiny-random", "--dtype", "float32", "--device-memory-gib", "0.25"]
@@ -211,3 +212,24 @@ def test_a_first_start_logs_each_long_step_as_it_begins_and_ends(tmp_path: Path)
         assert lines.index(begins[0]) < lines.index(ends[0])
     ready = next(i for i, ln in enumerate(lines) if "Uvicorn running on" in ln)
     assert all(lines.index(ln) < ready for ln in lines if ": done in " in ln)
+
+
+async def test_a_reason_with_a_line_break_cannot_forge_a_line(logged: io.StringIO) -> None:
+    async def not_found(scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 404, "headers": []})
+        body = {"error": {"message": f"no such path\n{FORGED}"}}
+        await send({"type": "http.response.body", "body": json.dumps(body).encode()})
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: Message) -> None:
+        pass
+
+    scope: Scope = {"type": "http", "method": "GET", "path": "/x", "query_string": b"",
+                    "http_version": "1.1", "client": ("127.0.0.1", 1), "headers": []}
+    text = io.StringIO()
+    configure_logging("info", "text", text)  # NOTE: `logged` puts the handlers back
+    await AccessLogMiddleware(not_found)(scope, receive, send)
+    (line,) = text.getvalue().splitlines()
+    assert line.endswith(f"404 error: no such path\\n{FORGED}")
