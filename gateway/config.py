@@ -6,7 +6,8 @@ A config file mirrors the tree (every key optional)::
                 generation_config: auto, fim: auto, tool_parser: auto}
     scheduler: {devices: "cpu:0,cpu:1", device_memory_gib: null, policy: slice,
                 ray_address: null}
-    server:    {host: 127.0.0.1, port: 8000, drain_timeout_s: 30, request_timeout_s: 600}
+    server:    {host: 127.0.0.1, port: 8000, drain_timeout_s: 30, request_timeout_s: 600,
+                log_level: info, log_format: text}
     batch:     {data_dir: null, max_file_bytes: 104857600, max_file_lines: 50000}
     cors:      {allowed_origins: [], ...}      # and tls: gateway/transport.py
     tenants_file: tenants.yaml
@@ -28,6 +29,7 @@ import platformdirs
 import yaml
 
 from gateway.fim import parse_fim_setting
+from gateway.logs import LOG_FORMATS, LOG_LEVELS
 from gateway.tenants import TenantsConfig, load_tenants
 from gateway.tools.formats import parse_tool_parser_setting
 from gateway.transport import CorsSettings, TlsSettings, TransportError
@@ -208,8 +210,13 @@ class ServerSettings:
     log_level: str = "info"
     # OTLP endpoint request spans are exported to (gateway/tracing/); None = tracing off
     otlp_traces_endpoint: str | None = None
+    log_format: str = "text"  # or "json": one object per line (gateway/logs.py)
 
     def __post_init__(self) -> None:
+        _require(self.log_level in LOG_LEVELS, "server.log_level",
+                 f"one of {', '.join(LOG_LEVELS)}")
+        _require(self.log_format in LOG_FORMATS, "server.log_format",
+                 f"one of {', '.join(LOG_FORMATS)}")
         _require(isinstance(self.port, int) and 0 <= self.port <= 65535, "server.port",
                  "an integer in [0, 65535]")
         _require(self.otlp_traces_endpoint is None or (isinstance(self.otlp_traces_endpoint, str)

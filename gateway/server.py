@@ -25,6 +25,7 @@ from gateway.app import create_app
 from gateway.config import GatewayConfig
 from gateway.engine import Engine
 from gateway.lifecycle import Lifecycle
+from gateway.logs import configure_logging, uvicorn_log_config
 from gateway.state import AppState
 
 logger = logging.getLogger("gateway")
@@ -87,6 +88,7 @@ def make_server(config: GatewayConfig, engine: Engine | None = None) -> GatewayS
     # written by the app once the response is out (gateway/accesslog.py), not before it.
     uv_config = uvicorn.Config(app, host=config.server.host, port=config.server.port,
                                log_level=config.server.log_level, lifespan="on",
+                               log_config=uvicorn_log_config(),
                                loop="uvloop", http=QuietHttpToolsProtocol,
                                timeout_graceful_shutdown=_CANCEL_GRACE_S,
                                **config.tls.uvicorn_options())
@@ -94,7 +96,11 @@ def make_server(config: GatewayConfig, engine: Engine | None = None) -> GatewayS
 
 
 def serve(config: GatewayConfig, engine: Engine | None = None) -> int:
-    """Run the gateway until a signal has drained it; the process exit status (0 = clean)."""
+    """Run the gateway until a signal has drained it; the process exit status (0 = clean).
+    Logging is configured as `config.server` says (`gateway.logs.configure_logging`)."""
+    # NOTE: again where `main` did it for the start-up lines: uvicorn's loggers write
+    # through the root logger's handler, which a caller of `serve` alone has not installed
+    configure_logging(config.server.log_level, config.server.log_format)
     server = make_server(config, engine)
     server.run()
     return 0 if server.started else 1

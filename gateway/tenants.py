@@ -28,6 +28,7 @@ import yaml
 
 from executors.types import Priority
 from gateway.errors import ApiError, clip, invalid
+from gateway.logs import note_request
 from gateway.yamlmarks import LineDict, LineList, line_of, load_with_lines
 
 SERVICE_TIERS = ("auto", "default", "flex", "priority")
@@ -109,8 +110,10 @@ def bearer_key(authorization: str | None) -> str | None:
 
 
 def authenticate(tenants: TenantsConfig, authorization: str | None) -> Tenant:
-    """The tenant a request belongs to; 401 on a missing or unknown key."""
+    """The tenant a request belongs to (noted for its log line); 401 on a missing or
+    unknown key."""
     if not tenants.auth_enabled:
+        note_request(tenant=tenants.default_tenant.name)
         return tenants.default_tenant
     key = bearer_key(authorization)
     if key is None:
@@ -119,6 +122,7 @@ def authenticate(tenants: TenantsConfig, authorization: str | None) -> Tenant:
     tenant = tenants.tenant_for(key)
     if tenant is None:
         raise ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
+    note_request(tenant=tenant.name)
     return tenant
 
 
