@@ -402,7 +402,8 @@ class Scheduler(Components):
                                sample=f.samples, sampling=s.req.sampling,
                                num_generated=len(s.output_ids), history=history,
                                constraint=s.req.constraint if f.samples else None,
-                               prompt_targets=s.prompt_targets(f.past, f.num_tokens)))
+                               prompt_targets=s.prompt_targets(f.past, f.num_tokens),
+                               adapter=s.req.adapter))
         return out
 
     # -- completions -----------------------------------------------------------------------
