@@ -66,7 +66,9 @@ setup() {
     ensure_venv
     ensure_deps
     # NOTE: instant once prepared; the first time it downloads ~100 MB and converts (~30 s).
-    "$PY" -m models prepare default
+    local model
+    model="$("$PY" -m models prepare default)" || die "could not prepare the default model"
+    log "default model (SmolLM2-135M-Instruct) ready in $model"
 }
 
 serve() {

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -21,10 +20,13 @@ from gateway.config import (
 )
 from gateway.engine import build_engine
 from gateway.fim import KNOWN_FIM
+from gateway.logs import LOG_FORMATS, LOG_LEVELS, configure_logging
 from gateway.server import serve
 from gateway.tenants import TenantsFileError
 from gateway.tools.formats import KNOWN_FORMATS
 from gateway.tracing.setup import TracingUnavailable, check_tracing
+from gateway.transport import OVERRIDES as TRANSPORT_OVERRIDES
+from gateway.transport import add_arguments as add_transport_arguments
 from models.cpu import keep_threads
 
 # flag dest -> config key (`section.field`)
@@ -47,7 +49,9 @@ _OVERRIDES = {
     "tenants": "tenants_file", "host": "server.host",
     "port": "server.port", "drain_timeout": "server.drain_timeout_s",
     "request_timeout": "server.request_timeout_s", "log_level": "server.log_level",
+    "log_format": "server.log_format",
     "data_dir": "batch.data_dir", "otlp_traces_endpoint": "server.otlp_traces_endpoint",
+    **TRANSPORT_OVERRIDES,  # CORS and TLS
 }
 
 
@@ -112,13 +116,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, help="port (default 8000)")
     s.add_argument("--drain-timeout", type=float, help="SIGTERM: seconds to finish in-flight")
     s.add_argument("--request-timeout", type=float, help="total deadline of one request, s")
-    s.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+    s.add_argument("--log-level", choices=LOG_LEVELS)
+    s.add_argument("--log-format", choices=LOG_FORMATS,
+                   help="text (default): TIME LEVEL LOGGER: MESSAGE; json: one object a line")
     s.add_argument("--otlp-traces-endpoint", metavar="URL",
                    help="export a span per request over OTLP (protocol: "
                         "$OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, default http/protobuf; needs "
                         "pip install '.[otel]')")
     s.add_argument("--data-dir", help="Batch API files and state (default: the user data dir, "
                                       "or $SLICEGATE_DATA_DIR)")
+    add_transport_arguments(s)  # CORS and TLS
     return parser
 
 
@@ -144,8 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (DataDirBusy, OSError, TracingUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=config.server.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(config.server.log_level, config.server.log_format)
     # NOTE: this thread runs the event loop: at one intra-op thread its torch calls never
     # start an OpenMP team beside the executors' (see `models.cpu.in_own_thread`)
     keep_threads(1)

@@ -124,7 +124,8 @@ def build_job(admission: Admission, tenant: Tenant, priority: Priority,
                 request_id=f"{fmt.id}-{i}", tenant=tenant.name, priority=priority,
                 prompt_token_ids=ids, sampling=_choice_sampling(sampling, j),
                 ttft_slo_s=ttft_slo_s, arrival_time=arrival,
-                deadline_s=admission.request_timeout_s, cache_salt=tenant.cache_salt,
+                deadline_s=admission.request_timeout_s,
+                cache_salt=prefix_cache_salt(tenant, options.cache_salt),
                 constraint=None if options.structured is None
                 else constraint_for(engine.grammars, options.structured),
                 trace=admission.tracer is not None),
@@ -138,6 +139,16 @@ def build_job(admission: Admission, tenant: Tenant, priority: Priority,
     return Job(fmt, tenant, priority, generations, lease, admission.metrics, arrival, headers,
                n=options.n, origin=origin, tracer=admission.tracer,
                trace_headers=dict(trace_headers or {}), budget=hold)
+
+
+def prefix_cache_salt(tenant: Tenant, request_salt: str | None) -> str:
+    """What keys a request's blocks in the prefix cache: its tenant's salt ("" when the
+    tenant shares the pool, else its name), joined with the request's own `cache_salt`."""
+    if request_salt is None:
+        return tenant.cache_salt
+    # NOTE: length-prefixed, so a salt reads back one way only: no `cache_salt` lets a
+    # request of one tenant pose as another tenant, or as a request without one
+    return f"{len(tenant.cache_salt)}:{tenant.cache_salt}{request_salt}"
 
 
 def _choice_sampling(sampling: SamplingParams, j: int) -> SamplingParams:

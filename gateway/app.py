@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
 
 from gateway.accesslog import AccessLogMiddleware
 from gateway.batches.context import BatchContext
@@ -89,6 +90,8 @@ def create_app(config: GatewayConfig, engine: Engine | None = None) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.server.max_body_bytes,
                        path_limits={"/v1/files": upload_limit})
     install_error_handlers(app)  # its middleware: ids and 500s for everything below it
+    if config.cors.enabled:  # NOTE: outside the errors and the drain, so they carry CORS too
+        app.add_middleware(CORSMiddleware, **config.cors.middleware_options())
     app.add_middleware(AccessLogMiddleware)  # outermost: it logs the 500s too
     return app
 

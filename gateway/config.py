@@ -6,8 +6,10 @@ A config file mirrors the tree (every key optional)::
                 generation_config: auto, fim: auto, tool_parser: auto}
     scheduler: {devices: "cpu:0,cpu:1", device_memory_gib: null, policy: slice,
                 ray_address: null}
-    server:    {host: 127.0.0.1, port: 8000, drain_timeout_s: 30, request_timeout_s: 600}
+    server:    {host: 127.0.0.1, port: 8000, drain_timeout_s: 30, request_timeout_s: 600,
+                log_level: info, log_format: text}
     batch:     {data_dir: null, max_file_bytes: 104857600, max_file_lines: 50000}
+    cors:      {allowed_origins: [], ...}      # and tls: gateway/transport.py
     tenants_file: tenants.yaml
 
 Precedence: built-in defaults < config file < command-line flags.
@@ -27,8 +29,10 @@ import platformdirs
 import yaml
 
 from gateway.fim import parse_fim_setting
+from gateway.logs import LOG_FORMATS, LOG_LEVELS
 from gateway.tenants import TenantsConfig, load_tenants
 from gateway.tools.formats import parse_tool_parser_setting
+from gateway.transport import CorsSettings, TlsSettings, TransportError
 from scheduler import factory
 from scheduler.config import PROVISIONING
 
@@ -206,8 +210,13 @@ class ServerSettings:
     log_level: str = "info"
     # OTLP endpoint request spans are exported to (gateway/tracing/); None = tracing off
     otlp_traces_endpoint: str | None = None
+    log_format: str = "text"  # or "json": one object per line (gateway/logs.py)
 
     def __post_init__(self) -> None:
+        _require(self.log_level in LOG_LEVELS, "server.log_level",
+                 f"one of {', '.join(LOG_LEVELS)}")
+        _require(self.log_format in LOG_FORMATS, "server.log_format",
+                 f"one of {', '.join(LOG_FORMATS)}")
         _require(isinstance(self.port, int) and 0 <= self.port <= 65535, "server.port",
                  "an integer in [0, 65535]")
         _require(self.otlp_traces_endpoint is None or (isinstance(self.otlp_traces_endpoint, str)
@@ -261,6 +270,8 @@ class GatewayConfig:
     batch: BatchSettings = field(default_factory=BatchSettings)
     tenants: TenantsConfig = field(default_factory=TenantsConfig)
     tenants_file: str | None = None  # where `tenants` came from, for messages
+    cors: CorsSettings = field(default_factory=CorsSettings)  # gateway/transport.py
+    tls: TlsSettings = field(default_factory=TlsSettings)
 
     @property
     def served_model_name(self) -> str:
@@ -268,7 +279,7 @@ class GatewayConfig:
 
 
 _SECTIONS = {"model": ModelSettings, "scheduler": SchedulerSettings, "server": ServerSettings,
-             "batch": BatchSettings}
+             "batch": BatchSettings, "cors": CorsSettings, "tls": TlsSettings}
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
@@ -316,7 +327,7 @@ def load_config(path: str | Path | None = None,
 def _build(values: dict[str, dict[str, Any]], tenants_file: str | None) -> GatewayConfig:
     try:
         sections = {name: cls(**values[name]) for name, cls in _SECTIONS.items()}
-    except TypeError as exc:
+    except (TypeError, TransportError) as exc:
         raise ConfigError(str(exc)) from None
     tenants = load_tenants(tenants_file) if tenants_file else TenantsConfig()
     return GatewayConfig(tenants=tenants, tenants_file=tenants_file, **sections)

@@ -22,6 +22,8 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.logs import note_error, note_request
+
 logger = logging.getLogger("gateway")
 
 ECHO_LIMIT_CHARS = 200  # at most this much client input is echoed back in a message
@@ -136,6 +138,7 @@ class ErrorMiddleware:
         request_id = secrets.token_hex(12)
         state = scope.setdefault("state", {})
         state["request_id"] = request_id
+        in_access_log = note_request(request_id=request_id)
         state.setdefault("arrival_time", time.monotonic())
         started = False
 
@@ -149,8 +152,10 @@ class ErrorMiddleware:
 
         try:
             await self.app(scope, receive, send_with_id)
-        except Exception:
-            logger.exception("internal error in request %s", request_id)
+        except Exception as exc:
+            if not in_access_log:  # NOTE: else its access line carries the traceback
+                logger.exception("internal error in request %s", request_id)
+            note_error(exc)
             if started:
                 return  # the status line is out; the client sees a truncated body
             error = ApiError(500, f"Internal server error (request id {request_id}); "

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.batches.types import COMPLETION_WINDOWS, ENDPOINTS
-from gateway.protocol import MAX_N
+from gateway.protocol import MAX_CACHE_SALT_CHARS, MAX_N
 from gateway.tenants import SERVICE_TIERS
 
 S = dict[str, Any]
@@ -90,6 +90,12 @@ _OPTIONS: dict[str, S] = {  # what both generation endpoints accept
     "priority": _nullable(INT),
     "service_tier": _nullable({"enum": list(SERVICE_TIERS)}),
     "user": _nullable(STR),
+    "cache_salt": {**_nullable({"type": "string", "minLength": 1,
+                                  "maxLength": MAX_CACHE_SALT_CHARS}),
+                   "description": "vLLM's: only requests with the same salt hit each other's "
+                                  "prefix-cache blocks (within a tenant, or the shared pool "
+                                  "of tenants with share_prefix_cache). Make it random and "
+                                  "secret, e.g. 43 base64 characters."},
     **_STRUCTURED,
 }
 _TOKENS: S = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}

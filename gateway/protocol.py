@@ -25,6 +25,7 @@ from models.sampling_params import MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_PENALTY
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_N = 16  # choices per prompt (`n`); vLLM has no cap, each choice is a request here
+MAX_CACHE_SALT_CHARS = 256  # vLLM has no cap; its docs suggest 43 (256 random bits, base64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +60,9 @@ class GenerationOptions:
     logprobs: int | None = None  # alternatives per generated token, 0..20; None = no logprobs
     echo: bool = False  # completions: the prompt's text (and its logprobs) before the output
     n: int = 1  # choices per prompt, 1..MAX_N
+    # vLLM's `cache_salt`: only requests with the same salt (of the same tenant, unless both
+    # tenants share the pool) hit each other's prefix-cache blocks; None = the tenant's own
+    cache_salt: str | None = None
 
 
 Prompt = str | tuple[int, ...]  # text, or token ids
@@ -135,6 +139,19 @@ def _choices(fields: Fields) -> int:
     return n
 
 
+def _cache_salt(fields: Fields) -> str | None:
+    """vLLM's `cache_salt`: a non-empty string of at most MAX_CACHE_SALT_CHARS."""
+    salt, param = fields.str_("cache_salt"), fields.name("cache_salt")
+    if salt is None:
+        return None
+    if not salt:
+        raise invalid(param, f"Invalid '{param}': expected a non-empty string, but got an "
+                             "empty string instead.", code="invalid_value")
+    if len(salt) > MAX_CACHE_SALT_CHARS:
+        raise range_error(param, f"of at most {MAX_CACHE_SALT_CHARS} characters", salt)
+    return salt
+
+
 def _logit_bias(fields: Fields) -> tuple[tuple[int, float], ...]:
     """OpenAI `logit_bias`: an object of token ids (as strings) -> bias in [-100, 100]."""
     value, param = fields.raw("logit_bias"), fields.name("logit_bias")
@@ -204,6 +221,7 @@ def _options(fields: Fields, max_tokens: int | None) -> GenerationOptions:
         user=fields.str_("user"),
         structured=parse_structured(fields),
         n=_choices(fields),
+        cache_salt=_cache_salt(fields),
     )
 
 

@@ -26,6 +26,7 @@ from gateway.config import GatewayConfig
 from gateway.engine import Engine
 from gateway.errors import ApiError
 from gateway.lifecycle import Lifecycle
+from gateway.logs import configure_logging, uvicorn_log_config
 from gateway.state import AppState
 
 logger = logging.getLogger("gateway")
@@ -98,8 +99,10 @@ def make_server(config: GatewayConfig, engine: Engine | None = None) -> GatewayS
     # written by the app once the response is out (gateway/accesslog.py), not before it.
     uv_config = uvicorn.Config(app, host=config.server.host, port=config.server.port,
                                log_level=config.server.log_level, lifespan="on",
+                               log_config=uvicorn_log_config(),
                                loop="uvloop", http=QuietHttpToolsProtocol,
-                               timeout_graceful_shutdown=_CANCEL_GRACE_S)
+                               timeout_graceful_shutdown=_CANCEL_GRACE_S,
+                               **config.tls.uvicorn_options())
     return GatewayServer(uv_config, state.lifecycle, config.server.drain_timeout_s,
                          lambda: reload_tenants(state))
 
@@ -114,7 +117,11 @@ def reload_tenants(state: AppState) -> None:
 
 
 def serve(config: GatewayConfig, engine: Engine | None = None) -> int:
-    """Run the gateway until a signal has drained it; the process exit status (0 = clean)."""
+    """Run the gateway until a signal has drained it; the process exit status (0 = clean).
+    Logging is configured as `config.server` says (`gateway.logs.configure_logging`)."""
+    # NOTE: again where `main` did it for the start-up lines: uvicorn's loggers write
+    # through the root logger's handler, which a caller of `serve` alone has not installed
+    configure_logging(config.server.log_level, config.server.log_format)
     server = make_server(config, engine)
     server.run()
     return 0 if server.started else 1

@@ -11,8 +11,8 @@ The tenants file (YAML)::
         max_concurrency: 64     # omitted limits mean unlimited
         requests_per_minute: 600
         tokens_per_minute: 200000
-        share_prefix_cache: false  # default true; false: no other tenant hits its cached
-                                   # prompt blocks (nor it theirs), so none can time-probe them
+        share_prefix_cache: true   # default false: no other tenant hits its cached prompt
+                                   # blocks (nor it theirs), so none can time-probe them
         budget: {daily_tokens: 1000000, monthly_tokens: 20000000, completion_weight: 2}
 
 Without a tenants file auth is off and every request belongs to one default
@@ -31,6 +31,7 @@ import yaml
 
 from executors.types import Priority
 from gateway.errors import ApiError, clip, invalid
+from gateway.logs import note_request
 from gateway.tenancy.budget import Budget
 from gateway.tenancy.keys import hash_key, is_sha256, same_hash
 from gateway.yamlmarks import LineDict, LineList, line_of, load_with_lines
@@ -55,7 +56,7 @@ class Tenant:
     max_concurrency: int | None = None
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None
-    share_prefix_cache: bool = True  # False: its KV blocks are keyed with its name too
+    share_prefix_cache: bool = False  # False: its KV blocks are keyed with its name too
     budget: Budget | None = None  # token limits per UTC day and month
 
     @property
@@ -128,8 +129,10 @@ def bearer_key(authorization: str | None) -> str | None:
 
 
 def authenticate(tenants: TenantsConfig, authorization: str | None) -> Tenant:
-    """The tenant a request belongs to; 401 on a missing or unknown key."""
+    """The tenant a request belongs to (noted for its log line); 401 on a missing or
+    unknown key."""
     if not tenants.auth_enabled:
+        note_request(tenant=tenants.default_tenant.name)
         return tenants.default_tenant
     key = bearer_key(authorization)
     if key is None:
@@ -138,6 +141,7 @@ def authenticate(tenants: TenantsConfig, authorization: str | None) -> Tenant:
     tenant = tenants.tenant_for(key)
     if tenant is None:
         raise ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
+    note_request(tenant=tenant.name)
     return tenant
 
 
@@ -296,7 +300,7 @@ class _Reader:
         if keys_required and not keys:
             self.fail(item, "api_keys", f"{path}.api_keys",
                       "required: a non-empty list in api_keys or api_key_sha256")
-        share = item.get("share_prefix_cache", True)
+        share = item.get("share_prefix_cache", False)
         if not isinstance(share, bool):
             self.fail(item, "share_prefix_cache", f"{path}.share_prefix_cache",
                       f"must be true or false, got {share!r}")

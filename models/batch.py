@@ -71,6 +71,7 @@ class SeqSpec:
     # the prompt tokens after each fed token, whose log-probs the head returns; set while
     # a request that asks for `sampling.prompt_logprobs` feeds its prompt (at most one per row)
     prompt_targets: list[int] | None = None
+    adapter: str | None = None  # the LoRA adapter its rows run with; None = the base model
 
     @property
     def num_context_tokens(self) -> int:

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import platformdirs
 
+from models.steps import startup_step
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -96,8 +98,9 @@ def prepare_default(cache_dir: Path | None = None) -> Path:
     target = (cache_dir or cache_root()) / DEFAULT_DIR_NAME
     if is_complete(target):
         return target
-    logger.info("preparing %s in %s", DEFAULT_MODEL_NAME, target)
-    return build_atomically(target, _build_default)
+    with startup_step(logger, f"preparing the default model {DEFAULT_MODEL_NAME}",
+                      f"once: download and convert into {target}"):
+        return build_atomically(target, _build_default)
 
 
 def _build_default(out: Path) -> None:

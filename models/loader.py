@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +19,10 @@ from models.kv_cache import KVCache
 from models.layers import AttnDims, LayerWeights
 from models.linear import Linear
 from models.ops import EmbedOp, HeadOp, LayerGroupOp, Op
+from models.steps import startup_step
 from models.template import GraphTemplate, OpKind, OpTemplate
+
+logger = logging.getLogger(__name__)
 
 TARGET_GROUPS = 6  # NOTE: default split; `python -m benchmarks.models chain` prints per-op times
 
@@ -177,6 +181,15 @@ def load(spec: str | Path, dtype: str | torch.dtype | None = None,
     """
     keep_heap_pages()
     path = resolve(str(spec))
+    with startup_step(logger, f"loading model {spec} from {path}") as step:
+        model = _load(spec, path, dtype, device, layers_per_group, kernel_choice, threads, retune)
+        step.result = f"{model.config.num_layers} layers, {model.dtype}, on {model.device}"
+    return model
+
+
+def _load(spec: str | Path, path: Path, dtype: str | torch.dtype | None,
+          device: torch.device | str, layers_per_group: int | None,
+          kernel_choice: KernelChoice | None, threads: int, retune: bool) -> Model:
     hf = AutoConfig.from_pretrained(path)
     cfg = model_config(hf)
     dt = parse_dtype(dtype, hf)

@@ -29,6 +29,7 @@ import torch
 
 from models.cpu import cpu_caps
 from models.default_model import cache_root
+from models.steps import startup_step
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +97,9 @@ def _compiled(name: str, sources: Sequence[Path], flags: Sequence[str]) -> tuple
     path = cache_root() / "native" / f"{name}-{digest}.so"
     built = not path.is_file()
     if built:
-        _build(cc, sources, flags, path)
+        with startup_step(logger, f"compiling the native library {name} for this CPU",
+                          f"once; cached in {path}"):
+            _build(cc, sources, flags, path)
     return path, digest, built
 
 

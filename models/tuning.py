@@ -53,6 +53,7 @@ from models.cpu import cpu_caps, in_own_thread
 from models.default_model import cache_root
 from models.layers import LayerWeights
 from models.linear import onednn_available
+from models.steps import startup_step
 
 logger = logging.getLogger(__name__)
 
@@ -143,11 +144,12 @@ def load_or_measure(layers: list[LayerWeights], cfg: ModelConfig, dtype: torch.d
         cached = _read(path, key)
         if cached is not None:
             return cached
-    tuned = measure(layers, cfg, dtype, threads)
+    with startup_step(logger, f"measuring the fastest CPU kernels on {threads} thread(s)",
+                      f"once per machine and model shape; cached in {path}") as step:
+        tuned = measure(layers, cfg, dtype, threads)
+        step.result = f"on {tuned.cpu} (native kernels {tuned.native}): {tuned.choice.describe()}"
     try:
         _write(path, tuned)
     except OSError as e:  # NOTE: a read-only cache costs a measurement per load, not the load
         logger.warning("kernel choice not cached at %s: %s", path, e)
-    logger.info("kernels measured in %.1f s on %s (native kernels %s): %s", tuned.measured_s,
-                tuned.cpu, tuned.native, tuned.choice.describe())
     return tuned

@@ -12,7 +12,6 @@ an AMX CPU); running them once at start-up, on the executors' thread count
 from __future__ import annotations
 
 import logging
-import time
 
 import torch
 
@@ -21,6 +20,7 @@ from models.layers import padded_rows
 from models.loader import Model
 from models.ops import LayerGroupOp
 from models.probes import layer_gemms
+from models.steps import startup_step
 
 logger = logging.getLogger(__name__)
 
@@ -37,13 +37,11 @@ def warm_rows(model: Model, threads: int, up_to: int = WARM_ROWS) -> list[int]:
         return []
     native = group.layers[0].qkv.native_rows
     rows = sorted({padded_rows(r, pad) for r in range(native + 1, up_to + 1)})
-    t0 = time.perf_counter()
 
     def run() -> None:  # NOTE: oneDNN's primitives are cached process-wide
         with torch.inference_mode():
             for r in rows:
                 layer_gemms(group.layers[0], r, model.dtype)()
-    in_own_thread(threads, run)
-    logger.info("GEMMs warmed at %d row counts up to %d in %.2f s", len(rows), up_to,
-                time.perf_counter() - t0)
+    with startup_step(logger, f"warming the GEMMs at {len(rows)} row counts up to {up_to}"):
+        in_own_thread(threads, run)
     return rows

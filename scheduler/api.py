@@ -109,6 +109,7 @@ class Request:
     # structured output: its grammar's matcher, advanced with each token (one per request)
     constraint: Constraint | None = field(default=None, compare=False)
     trace: bool = False  # record its plans: its last event carries a `RequestTrace`
+    adapter: str | None = None  # the LoRA adapter it runs with (models/lora.py); None = base
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

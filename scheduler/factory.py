@@ -8,12 +8,13 @@ import re
 import torch
 
 from executors.interference import Interference
-from executors.types import Device
+from executors.types import Device, Priority
 from models.loader import Model
 from scheduler.config import SchedulerConfig
 from scheduler.core.execution import ExecutorFactory, cpu_threads, default_factory
 from scheduler.core.faults import faulty
 from scheduler.cost import firstrows
+from scheduler.cost.deferral import ServingLoad
 from scheduler.cost.estimators import FALLBACK_BANDWIDTH_BYTES_S, FALLBACK_MARGIN, Estimators
 from scheduler.cost.profiling import cpu_hosts, fallback_coefficients, load_or_profile
 from scheduler.cost.reprofile import PairProfiler
@@ -93,9 +94,17 @@ def build_scheduler(model: Model, devices: list[Device], cfg: SchedulerConfig,
     est.on_interference = learnt
     sched.profiler = PairProfiler(model, est, devices=[d.name for d in devices if d.node is None],
                                   idle=lambda: not gmg.scheduled, threads=threads,
-                                  on_device=sched.exec.on_device)
+                                  on_device=sched.exec.on_device,
+                                  load=lambda: interactive_load(sched))
     est.on_drift = sched.profiler.request_kind
     return sched
+
+
+def interactive_load(sched: Scheduler) -> ServingLoad:
+    """The high-class requests `sched` has queued and admitted (what defers a re-profile)."""
+    high = [s for s in sched.states.values() if s.priority is Priority.HIGH]
+    queued = sum(s.status.is_queued for s in high)
+    return ServingLoad(queued, sum(s.status.holds_kv for s in high))
 
 
 def local_executors(threads: int, fault_rate: float = 0.0,

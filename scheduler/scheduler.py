@@ -70,6 +70,7 @@ class Scheduler(Components):
                          cfg, executor_factory, estimator, clock)
         self.provisioner = Provisioner(self) if self.cfg.provisioning != "off" else None
         self._provision_task: asyncio.Task[None] | None = None
+        self._learning_task: asyncio.Task[None] | None = None  # the periodic INFO summary
         self._retry_on_progress = False  # the last round held work back (see RoundDecision)
         self._submitted = False  # a request came since the last round
         self._wake = asyncio.Event()
@@ -89,6 +90,8 @@ class Scheduler(Components):
         self._accepting, self.started_at = True, self.clock()
         self._task = asyncio.create_task(self._loop(), name="slicegate-scheduler")
         self._task.add_done_callback(self._task_ended)
+        self._learning_task = asyncio.create_task(self.learning.run(), name="slicegate-learnlog")
+        self._learning_task.add_done_callback(self._task_ended)
         if self.provisioner is not None:
             self._provision_task = asyncio.create_task(self.provisioner.run(),
                                                        name="slicegate-provisioner")
@@ -104,7 +107,7 @@ class Scheduler(Components):
         while any(s.in_flight for s in self.states.values()) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         self._stopping = True
-        for task in (self._task, self._provision_task):
+        for task in (self._task, self._provision_task, self._learning_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -399,7 +402,8 @@ class Scheduler(Components):
                                sample=f.samples, sampling=s.req.sampling,
                                num_generated=len(s.output_ids), history=history,
                                constraint=s.req.constraint if f.samples else None,
-                               prompt_targets=s.prompt_targets(f.past, f.num_tokens)))
+                               prompt_targets=s.prompt_targets(f.past, f.num_tokens),
+                               adapter=s.req.adapter))
         return out
 
     # -- completions -----------------------------------------------------------------------

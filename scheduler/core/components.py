@@ -25,6 +25,7 @@ from scheduler.core.health import RoundHealth
 from scheduler.core.requests import Requests
 from scheduler.core.state import RequestState
 from scheduler.cost import firstrows
+from scheduler.cost.learnlog import LearningLog
 from scheduler.cost.reprofile import PairProfiler
 from scheduler.memory.kv import KVManager
 from scheduler.memory.pools import activation_reserve, kv_pools
@@ -63,7 +64,9 @@ class Components:
         self.inflight = InFlight()
         self.first_rows = firstrows.PROCESS  # oneDNN's primitive cache is process-wide
         self.first_rows.configure(model.kernels)
-        self.calibration = FirstTokenCalibration()  # measured / predicted first tokens
+        # what the learners changed, summarised at INFO once a period (the estimators')
+        self.learning: LearningLog = getattr(estimator, "learning", None) or LearningLog()
+        self.calibration = FirstTokenCalibration(learning=self.learning)  # measured / predicted
         self.builder = Builder(model.template, self.cfg.block_size, op_time, xfer_time,
                                self.first_rows)
         self.exec = Execution(model, self.devices, self.kv, self.ledgers,

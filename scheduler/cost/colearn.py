@@ -30,6 +30,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 
 from executors.interference import OP_CLASSES, Interference
+from scheduler.cost.learnlog import LearningLog
 
 WINDOW = 64  # ops kept per class (solo) and per pair (overlapped)
 MIN_SAMPLES = 8  # a pair's factor (and a class's solo level) needs this many ops
@@ -46,8 +47,9 @@ class ColocationLearner:
     """Windows of solo ratios per class and of overlapped ops per (class, other class)."""
 
     def __init__(self, classes: Sequence[str] = OP_CLASSES, window: int = WINDOW,
-                 min_samples: int = MIN_SAMPLES) -> None:
+                 min_samples: int = MIN_SAMPLES, learning: LearningLog | None = None) -> None:
         self.classes = tuple(classes)
+        self.learning = learning or LearningLog()  # where changes are noted for the summary
         self.min_samples = min_samples
         self._solo: list[deque[float]] = [deque(maxlen=window) for _ in self.classes]
         # (victim, other) -> (measured, predicted, overlap per class) of ops it dominated
@@ -78,7 +80,8 @@ class ColocationLearner:
 
     def relearn(self, inter: Interference) -> Interference | None:
         """`inter` with the learnt factors, if any moved by `CHANGE` (else None); a factor
-        that moved by `LOG_CHANGE` since it was last logged (or since the profile) is logged."""
+        that moved by `LOG_CHANGE` since it was last logged (or since the profile) is logged
+        at DEBUG and noted for the periodic summary (`scheduler.cost.learnlog`)."""
         learnt = self.slowdowns(inter.slowdown)
         moved = {k: v for k, v in learnt.items()
                  if abs(v / inter.slowdown.get(k, 1.0) - 1.0) >= CHANGE}
@@ -87,8 +90,10 @@ class ColocationLearner:
         was = {k: self._logged.get(k, inter.slowdown.get(k, 1.0)) for k in moved}
         news = {k: v for k, v in moved.items() if abs(v / was[k] - 1.0) >= LOG_CHANGE}
         if news:
-            logger.info("co-location slowdowns learnt from the run: %s", ", ".join(
-                f"{a}|{b} {was[(a, b)]:.3f}->{v:.3f}" for (a, b), v in sorted(news.items())))
+            change = ", ".join(f"{a}|{b} {was[(a, b)]:.3f}->{v:.3f}"
+                               for (a, b), v in sorted(news.items()))
+            logger.debug("co-location slowdowns learnt from the run: %s", change)
+            self.learning.note("co-location slowdowns", change)
             self._logged.update(news)
         return Interference(inter.hosts, {**inter.slowdown, **learnt})
 

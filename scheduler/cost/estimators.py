@@ -32,6 +32,7 @@ from executors.types import Device, OpInstance, OpRole, OpState
 from models.batch import BatchShape
 from scheduler.cost.colearn import ColocationLearner
 from scheduler.cost.drift import DriftWatch
+from scheduler.cost.learnlog import LearningLog
 from scheduler.cost.linear import MIN_TIME_S, LinearEstimator
 from scheduler.cost.overlap import Overlaps, Resolved
 
@@ -124,7 +125,10 @@ class Estimators:
         self._to_profile: list[tuple[str, str]] = []  # pairs not yet handed out to profile
         self.interference: Interference | None = None  # co-location slowdowns, if profiled
         self._overlaps: Overlaps | None = None
-        self.colearn = ColocationLearner()
+        # what the learners changed, summarised at INFO once a period (scheduler.cost.learnlog)
+        self.learning = LearningLog()
+        self.learning.count("estimator refits", self.num_refits)
+        self.colearn = ColocationLearner(learning=self.learning)
         self.learn_colocation = True  # False: keep the profile's slowdowns (an A/B bench)
         # called with the slowdowns once they were learnt anew (the factory wires the GMG)
         self.on_interference: Callable[[Interference], None] | None = None
@@ -297,7 +301,11 @@ class Estimators:
         """Use `inter` to bring measured times back to solo times (and save it with the fit)."""
         self.interference = inter
         self._overlaps = Overlaps(inter) if inter is not None else None
-        self.colearn = ColocationLearner()
+        self.colearn = ColocationLearner(learning=self.learning)
+
+    def num_refits(self) -> int:
+        """Refits from observations so far, over every op and transfer estimator."""
+        return sum(e.num_refits for e in (*self.ops.values(), *self.transfers.values()))
 
     def freeze(self) -> None:
         """Stop refitting; observations still score predictions (held-out MAPE)."""

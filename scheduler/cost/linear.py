@@ -55,6 +55,7 @@ class LinearEstimator:
         self.sample_cov: float | None = None  # run-to-run noise of the profiling sweep
         self.num_obs = 0
         self._since = 0  # observations since the last refit
+        self.num_refits = 0  # refits from observations (summarised in the log)
         self.coef: tuple[float, ...] = (0.0,) * len(self.mask)
 
     # -- predicting ----------------------------------------------------------------------
@@ -103,6 +104,7 @@ class LinearEstimator:
             self.recent.append((tuple(raw), seconds, at))
             self._since += 1
             if self._since >= self.refit_every:
+                self.num_refits += 1
                 self.refit()
         return ape
 

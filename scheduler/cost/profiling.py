@@ -36,6 +36,7 @@ from models.batch import BatchShape
 from models.cpu import in_own_thread
 from models.default_model import cache_root
 from models.loader import Model
+from models.steps import startup_step
 from models.template import GraphTemplate, OpKind
 from scheduler.cost.colocation import profile_colocation
 from scheduler.cost.estimators import Estimators, device_kind
@@ -126,7 +127,6 @@ def profile(model: Model, devices: Sequence[Device | str], sweep: Sweep | None =
     names = [d if isinstance(d, str) else d.name for d in devices]
     kinds = {d: (kinds or {}).get(d) or device_kind(d) for d in names}
     est = Estimators(kinds)
-    t0 = time.perf_counter()
 
     def run() -> None:
         for kind, dev in _representatives(names, kinds).items():
@@ -135,11 +135,12 @@ def profile(model: Model, devices: Sequence[Device | str], sweep: Sweep | None =
             est.fit_transfer(ks, kd, *profile_pair(model, s, d, sweep, clock))
         est.copy_bandwidth_bytes_s = copy_bandwidth()
         est.set_interference(colocation(model, names, sweep, threads, clock))
-    in_own_thread(threads, run)
-    logger.info("profiled %s on %s in %.1f s; sample CoV per op: %s; co-location: %s",
-                model.name, ", ".join(names), time.perf_counter() - t0,
-                ", ".join(f"{e.name} {e.sample_cov:.1%}" for e in est.ops.values()
-                          if e.sample_cov is not None), est.interference)
+    with startup_step(logger, f"profiling the operators of {model.name} on {', '.join(names)}",
+                      "once per model and devices; the fit is cached") as step:
+        in_own_thread(threads, run)
+        step.result = "sample CoV per op: {}; co-location: {}".format(
+            ", ".join(f"{e.name} {e.sample_cov:.1%}" for e in est.ops.values()
+                      if e.sample_cov is not None), est.interference)
     return est
 
 

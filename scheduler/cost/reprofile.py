@@ -12,7 +12,9 @@ their fit on the event loop:
   every op of the kind (`Estimators.rebase_kind`). Each op of it waits until the
   scheduler has no op in flight (`idle`), so it overlaps the serving executors by
   one op at most (work issued while it runs); under constant load it waits, and
-  the online refit tracks the drift meanwhile.
+  the online refit tracks the drift meanwhile. The whole sweep is also deferred
+  while interactive work waits or runs (`scheduler.cost.deferral`), and its line
+  in the log says what it timed, how long it took and how long it was deferred.
 
 Each result is also written into the start-up fit's cache (`Estimators.cache_file`),
 so that the next start begins from what the machine measured last rather than
@@ -34,6 +36,7 @@ from collections.abc import Callable, Sequence
 
 from models.cpu import in_own_thread
 from models.loader import Model
+from scheduler.cost.deferral import ReprofileGate, ServingLoad, defer_reason
 from scheduler.cost.estimators import Estimators
 from scheduler.cost.oprunner import OnDevice
 from scheduler.cost.profiling import Sweep, fit_kind, profile_pair, remember, take_kind, take_pair
@@ -41,6 +44,7 @@ from scheduler.cost.profiling import Sweep, fit_kind, profile_pair, remember, ta
 logger = logging.getLogger(__name__)
 
 IDLE_POLL_S = 0.005
+GATE_POLL_S = 0.05  # how often a waiting or running re-profile reads the serving load
 
 
 class Aborted(Exception):
@@ -53,14 +57,17 @@ class PairProfiler:
 
     def __init__(self, model: Model, est: Estimators, sweep: Sweep | None = None,
                  devices: Sequence[str] = (), idle: Callable[[], bool] | None = None,
-                 threads: int = 1, on_device: Callable[[str], OnDevice | None] | None = None
-                 ) -> None:
+                 threads: int = 1, on_device: Callable[[str], OnDevice | None] | None = None,
+                 load: Callable[[], ServingLoad] | None = None) -> None:
         self.model, self.est, self.sweep = model, est, sweep or Sweep()
         self.threads = threads  # intra-op threads of a kind's sweep (the executors')
         # where a device's timed ops run (its executor's thread), None: on the sweep's thread
         self.on_device = on_device or (lambda device: None)
         self.devices = list(devices)  # where a kind's sweep may run
         self.is_idle = idle or (lambda: True)  # no op in flight (read from the worker thread)
+        self.load = load or ServingLoad  # interactive work now (read on the event loop)
+        self.gate = ReprofileGate()  # defers a kind's sweep while interactive work is served
+        self._open = True  # the gate, as the loop last read it (the worker thread reads this)
         self._todo: deque[tuple[str, str] | str] = deque()  # pairs, or device kinds
         self._task: asyncio.Task[None] | None = None
         self._abort = threading.Event()
@@ -95,6 +102,10 @@ class PairProfiler:
         executors stop): a sweep's thread ends at its next op instead of timing it on a
         stopped executor, and a drift seen later queues nothing."""
         self._abort.set()
+        if self._todo:
+            logger.info("re-profile of %s dropped: the server stops (deferred %.1f s for "
+                        "interactive work so far)", ", ".join(map(str, self._todo)),
+                        self.gate.held_s(time.monotonic()))
         self._todo.clear()
         if self._task is not None and not self._task.done():
             self._task.cancel()
@@ -129,12 +140,41 @@ class PairProfiler:
             return
         fresh = Estimators({device: kind})
         t0 = time.perf_counter()
-        await asyncio.to_thread(self._fit_kind, fresh, kind, device)
+        self.gate.reset()
+        await self._until_open(kind)
+        watch = asyncio.create_task(self._watch_gate(), name="slicegate-reprofile-gate")
+        try:
+            await asyncio.to_thread(self._fit_kind, fresh, kind, device)
+        finally:
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch  # NOTE: re-raises the watch's own failure, logged as the job's
         self.est.rebase_kind(kind, fresh)
         self.kinds_done.append(kind)
-        logger.info("re-profiled the ops of %s on %s in the background in %.1f s", kind,
-                    device, time.perf_counter() - t0)
+        s = self.sweep
+        logger.info("re-profiled the ops of %s on %s in the background: %d ops x %d shapes x %d "
+                    "repeats in %.1f s, of which %.1f s deferred for interactive work", kind,
+                    device, len(self.model.template.ops), len(s.cases()), s.repeats,
+                    time.perf_counter() - t0, self.gate.deferred_s)
         await self._remember(take_kind(kind, fresh))
+
+    def _read_gate(self) -> bool:
+        self._open = self.gate.check(self.load(), time.monotonic())
+        return self._open
+
+    async def _until_open(self, kind: str) -> None:
+        """Before a kind's sweep: wait while interactive work is served (logged once)."""
+        if self._read_gate():
+            return
+        logger.info("re-profile of %s deferred: %s", kind, defer_reason(self.load()))
+        while not self._read_gate():
+            await asyncio.sleep(GATE_POLL_S)
+
+    async def _watch_gate(self) -> None:
+        """While a sweep runs: keep `_open` current for its thread (`_wait_idle`)."""
+        while True:
+            self._read_gate()
+            await asyncio.sleep(GATE_POLL_S)
 
     async def _remember(self, update: Callable[[Estimators], object]) -> None:
         path = self.est.cache_file
@@ -157,8 +197,9 @@ class PairProfiler:
                                        time.perf_counter, self._wait_idle, on_device))
 
     def _wait_idle(self) -> None:
-        """Before each op of a kind's sweep (worker thread): wait for no op in flight."""
-        while not self.is_idle():
+        """Before each op of a kind's sweep (worker thread): wait for no op in flight and no
+        interactive work (the gate as the loop read it)."""
+        while not (self._open and self.is_idle()):
             if self._abort.is_set():
                 raise Aborted
             time.sleep(IDLE_POLL_S)

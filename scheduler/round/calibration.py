@@ -21,6 +21,7 @@ from collections import OrderedDict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from scheduler.cost.learnlog import LearningLog
 from scheduler.round.plan import Plan
 from scheduler.round.requestview import Placement
 
@@ -33,7 +34,7 @@ MIN_SAMPLES = 4  # ratios a kind needs before its median is used
 MIN_WAIT_S = 0.005  # shorter predicted waits are not scored (a ratio of noise)
 MAX_PENDING = 4096  # predictions awaiting their first token (oldest dropped beyond)
 FACTOR_RANGE = (0.25, 4.0)  # a median outside is clamped (a stall is not the model's error)
-LOG_CHANGE = 0.1  # a factor is logged when first used and when it moves this much since
+LOG_CHANGE = 0.1  # a factor is logged (DEBUG) when first used and when it moves this much since
 
 
 def kind_of(placement: Placement, num_chunks: int) -> str:
@@ -53,8 +54,10 @@ class _Pending:
 class FirstTokenCalibration:
     """Measured / predicted first-token waits per placement kind (see the module docstring)."""
 
-    def __init__(self, window: int = WINDOW, min_samples: int = MIN_SAMPLES) -> None:
+    def __init__(self, window: int = WINDOW, min_samples: int = MIN_SAMPLES,
+                 learning: LearningLog | None = None) -> None:
         self.min_samples = min_samples
+        self.learning = learning or LearningLog()  # where changes are noted for the summary
         self._ratios: dict[str, deque[float]] = {k: deque(maxlen=window) for k in KINDS}
         self._pending: OrderedDict[str, _Pending] = OrderedDict()
         self._logged: dict[str, float] = {}  # kind -> factor last logged
@@ -87,8 +90,9 @@ class FirstTokenCalibration:
         last = self._logged.get(p.kind)
         if last is None or abs(factor / last - 1) >= LOG_CHANGE:
             self._logged[p.kind] = factor
-            logger.info("first tokens of %s plans take %.2fx their predicted wait "
-                        "(median of the last %d)", p.kind, factor, len(ratios))
+            logger.debug("first tokens of %s plans take %.2fx their predicted wait "
+                         "(median of the last %d)", p.kind, factor, len(ratios))
+            self.learning.note("first-token calibration", f"{p.kind} plans {factor:.2f}x")
 
     def forget(self, rid: str) -> None:
         """`rid` ended before its first token: its prediction is void. (A preempted request's

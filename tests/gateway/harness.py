@@ -124,7 +124,7 @@ class LiveServer:
     @property
     def url(self) -> str:
         port = self.server.servers[0].sockets[0].getsockname()[1]
-        return f"http://127.0.0.1:{port}"
+        return f"{'https' if self.server.config.is_ssl else 'http'}://127.0.0.1:{port}"
 
     def __enter__(self) -> LiveServer:
         self.thread.start()

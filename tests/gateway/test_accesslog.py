@@ -77,7 +77,8 @@ async def test_a_response_cut_by_an_error_is_logged_and_the_error_goes_on(
                       then_raise=True)
     with pytest.raises(RuntimeError, match="boom"):
         await run(app, events)
-    assert events[-1] == 'log 127.0.0.1:5000 - "POST /v1/completions HTTP/1.1" 500'
+    assert events[-1] == ('log 127.0.0.1:5000 - "POST /v1/completions HTTP/1.1" 500 '
+                          'error: (no response body)')
 
 
 async def test_no_response_no_line(events: list[str]) -> None:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
 
 import pytest
 
+import gateway.__main__
 from gateway.__main__ import build_parser, config_from_args, main
 from gateway.batches.service import lock_data_dir
 from gateway.config import ConfigError, GatewayConfig, ServerSettings, load_config
@@ -130,7 +130,7 @@ async def test_server_settings_validate() -> None:
 
 async def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                               monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(logging, "basicConfig", lambda **kwargs: None)
+    monkeypatch.setattr(gateway.__main__, "configure_logging", lambda *args: None)
     bad = tmp_path / "tenants.yaml"
     bad.write_text("tenants:\n  - name: x\n    api_keys: [k]\n    priority: urgent\n")
     assert main(["serve", "--tenants", str(bad)]) == 2
@@ -147,3 +147,14 @@ async def test_serve_refuses_a_data_dir_another_server_holds(
     finally:
         os.close(held)
     assert "another slicegate server uses the data dir" in capsys.readouterr().err
+
+
+async def test_log_format_and_level_come_from_flags_and_are_validated() -> None:
+    args = build_parser().parse_args(["serve", "--log-format", "json", "--log-level", "debug"])
+    server = config_from_args(args).server
+    assert (server.log_format, server.log_level) == ("json", "debug")
+    assert GatewayConfig().server.log_format == "text"
+    with pytest.raises(ConfigError, match="server.log_format"):
+        ServerSettings(log_format="xml")
+    with pytest.raises(ConfigError, match="server.log_level"):
+        ServerSettings(log_level="loud")

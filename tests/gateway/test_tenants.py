@@ -45,15 +45,15 @@ async def test_parse_issue_example() -> None:
     assert nightly.priority is Priority.LOW and nightly.max_concurrency is None
     assert config.tenant_for("sk-nightly-1") is nightly and config.is_admin("sk-admin-1")
     assert config.auth_enabled
-    assert ide.share_prefix_cache and ide.cache_salt == ""
+    assert not ide.share_prefix_cache and ide.cache_salt == "tenant:ide"  # isolated by default
 
 
-async def test_share_prefix_cache_false_salts_the_tenants_blocks() -> None:
-    text = ISSUE_EXAMPLE.replace("priority: low", "priority: low\n    share_prefix_cache: false")
+async def test_share_prefix_cache_true_puts_the_tenant_in_the_shared_pool() -> None:
+    text = ISSUE_EXAMPLE.replace("priority: low", "priority: low\n    share_prefix_cache: true")
     nightly = parse_tenants(text).tenants[1]
-    assert not nightly.share_prefix_cache and nightly.cache_salt == "tenant:nightly"
+    assert nightly.share_prefix_cache and nightly.cache_salt == ""
     with pytest.raises(TenantsFileError, match="share_prefix_cache: must be true or false"):
-        parse_tenants(text.replace("share_prefix_cache: false", "share_prefix_cache: nope"))
+        parse_tenants(text.replace("share_prefix_cache: true", "share_prefix_cache: nope"))
 
 
 @pytest.mark.parametrize(("text", "where"), [

@@ -129,3 +129,14 @@ async def test_a_round_without_requests_decides_nothing_and_records_no_round_tim
         await run.run_out()
         assert again.finish is FinishReason.LENGTH and views
         assert run.sched.stats().round_seconds.count > before
+
+
+async def test_the_learning_summary_is_a_supervised_task() -> None:
+    async with ClusterRun("slice") as run:
+        task = run.sched._learning_task
+        assert task is not None and not task.done()  # started with the scheduler
+        task.cancel()  # not by stop(): it died
+        await run.settle()
+        stats = run.sched.stats()
+        assert not stats.healthy and "scheduler task ended" in (stats.health_detail or "")
+    assert task.done()

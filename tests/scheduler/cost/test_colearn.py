@@ -119,12 +119,17 @@ def test_frozen_estimators_or_the_switch_off_learn_no_slowdown(switch: str) -> N
     assert est.interference is not None and est.interference.slowdown == {}
 
 
-def test_a_learnt_slowdown_is_logged_when_it_moves_a_tenth(
+def test_a_learnt_slowdown_is_logged_at_debug_when_it_moves_a_tenth(
         caplog: pytest.LogCaptureFixture) -> None:
     rng = random.Random(0)
     est = _estimators(rng, Interference(HOSTS, {}))
-    with caplog.at_level("INFO", logger="scheduler.cost.colearn"):
+    with caplog.at_level("DEBUG", logger="scheduler.cost.colearn"):
         _book(est, _run(est, 0), rng)
-    lines = [r.getMessage() for r in caplog.records if "co-location" in r.getMessage()]
+    records = [r for r in caplog.records if "co-location" in r.getMessage()]
+    lines = [r.getMessage() for r in records]
     assert lines and "layers|layers 1.000->1.300" in " ".join(lines)
     assert len(lines) < 5  # not every small change
+    assert {r.levelname for r in records} == {"DEBUG"}  # routine: the summary says it at INFO
+    summary = est.learning.summary()
+    assert summary is not None and f"co-location slowdowns {len(lines)} change(s)" in summary
+    assert "estimator refits" in summary

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from models.sampling_params import SamplingParams
 from scheduler.api import FinishReason, Request
 from scheduler.config import SchedulerConfig
 from scheduler.cost import drift
+from scheduler.cost.deferral import QUIET_S
 from scheduler.cost.estimators import op_features
 from scheduler.cost.oprunner import OnDevice
 from scheduler.cost.profiling import Sweep, load_or_profile
@@ -159,3 +162,46 @@ def _threads_of_timed_ops(profiler: PairProfiler) -> list[str]:
         return on
     profiler.on_device = spy
     return names
+
+
+async def test_a_re_profile_waits_for_interactive_work_and_logs_its_cost(
+        tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    model = load(tiny_model_dir, dtype="float32")
+    est = load_or_profile(model, ["cpu:0"], tmp_path, SMALL)
+    cfg = SchedulerConfig(policy="slice", max_model_len=1024, max_batch_tokens=512)
+    sched = build_scheduler(model, parse_devices("cpu:0", 0.25), cfg, est)
+    profiler = sched.profiler
+    assert profiler is not None
+    timed: list[float] = []  # when each op of the sweep was timed (monotonic)
+    spy_on = _threads_of_timed_ops(profiler)
+    inner = profiler._wait_idle
+
+    def noting() -> None:
+        inner()
+        timed.append(time.monotonic())
+    profiler._wait_idle = noting  # type: ignore[method-assign]
+    caplog.set_level(logging.INFO, logger="scheduler.cost.reprofile")
+    await sched.start()
+    try:
+        req = Request("ide", "t", Priority.HIGH, [5, 6, 7, 8],
+                      SamplingParams(temperature=0, max_tokens=300))
+        stream = sched.submit(req)
+        first = await anext(stream)  # running: its decode steps leave idle gaps
+        assert first.token_id is not None
+        profiler.request_kind("cpu")
+        rest = [ev async for ev in stream]
+        ended = time.monotonic()
+        assert rest[-1].finish_reason is FinishReason.LENGTH
+        await profiler.idle()
+    finally:
+        await sched.stop()
+    assert profiler.kinds_done == ["cpu"] and profiler.failures == 0, caplog.text
+    assert timed and spy_on and min(timed) >= ended  # nothing timed beside the stream
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(ln.startswith("re-profile of cpu deferred: 0 interactive request(s) waiting, "
+                             "1 running") for ln in lines), lines
+    (done,) = [ln for ln in lines if ln.startswith("re-profiled the ops of cpu on cpu:0")]
+    ops, sweep = len(model.template.ops), profiler.sweep
+    assert f": {ops} ops x {len(sweep.cases())} shapes x {sweep.repeats} repeats in " in done
+    deferred = float(done.rsplit("of which ", 1)[1].split(" s")[0])
+    assert deferred >= QUIET_S  # at least the quiet period after the stream

@@ -37,7 +37,7 @@ def test_kinds_of_placement() -> None:
 
 def test_the_factor_is_the_median_ratio_once_enough_plans_ended(
         caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="scheduler.round.calibration")
+    caplog.set_level(logging.DEBUG, logger="scheduler.round.calibration")
     cal = FirstTokenCalibration(window=5, min_samples=3)
     two = ("cpu:0", "cpu:1")
     for i, measured in enumerate([0.2, 0.15, 0.3]):  # predicted 0.1 each
