@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from executors.types import Priority
@@ -24,6 +24,7 @@ from gateway.protocol import GenerationOptions
 from gateway.quotas import Quotas
 from gateway.responses import ResponseFormat
 from gateway.structured import constraint_for
+from gateway.tenancy.ledger import BudgetLedger
 from gateway.tenants import Tenant
 from gateway.tools.output import tool_output
 from gateway.tools.types import ToolRequest
@@ -43,6 +44,7 @@ class Admission:
     metrics: GatewayMetrics
     request_timeout_s: float  # each generation's deadline, from the request's arrival
     tracer: Callable[[Job, float], None] | None = None  # records finished jobs' spans
+    budgets: BudgetLedger = field(default_factory=BudgetLedger)  # tenants' token budgets
 
 
 def _sampling(options: GenerationOptions, max_tokens: int, engine: Engine) -> SamplingParams:
@@ -96,7 +98,8 @@ def build_job(admission: Admission, tenant: Tenant, priority: Priority,
               request_id: str, arrival: float, ttft_slo_s: float | None,
               tools: ToolRequest | None = None, origin: str = "http",
               trace_headers: Mapping[str, str] | None = None) -> Job:
-    """An admitted, not yet submitted Job: limits resolved, quota charged (429 ApiError).
+    """An admitted, not yet submitted Job: limits resolved, quota charged, budget reserved
+    (429 ApiError).
 
     With `tools` whose calls are read, the choices' text is parsed for calls by the
     served model's format. With tracing on, the job's span continues `trace_headers`
@@ -104,6 +107,8 @@ def build_job(admission: Admission, tenant: Tenant, priority: Priority,
     engine, quotas = admission.engine, admission.quotas
     max_tokens = [resolve_max_tokens(options, len(p), engine.max_model_len, chat,
                                      engine.sampling_defaults.max_tokens) for p in prompts]
+    prompt_tokens = sum(len(p) for p in prompts)
+    max_tokens = admission.budgets.plan(tenant, prompt_tokens, max_tokens, options.n)
     pieces = None if options.logprobs is None else TokenPieces(engine.tokenizer)
     fmt = ResponseFormat(chat, f"{'chatcmpl' if chat else 'cmpl'}-{request_id}",
                          int(time.time()), engine.served_model_name, options.include_usage,
@@ -129,10 +134,11 @@ def build_job(admission: Admission, tenant: Tenant, priority: Priority,
             if j == 0 and _share_prefill(options, engine):
                 leader = generation
     lease = quotas.acquire(tenant, _charged_tokens(options, prompts, max_tokens, chat))
+    hold = admission.budgets.hold(tenant, prompt_tokens, options.n * sum(max_tokens))
     headers = {"x-slicegate-priority": priority.label, **quotas.headers(tenant)}
     return Job(fmt, tenant, priority, generations, lease, admission.metrics, arrival, headers,
                n=options.n, origin=origin, tracer=admission.tracer,
-               trace_headers=dict(trace_headers or {}))
+               trace_headers=dict(trace_headers or {}), budget=hold)
 
 
 def prefix_cache_salt(tenant: Tenant, request_salt: str | None) -> str:

@@ -16,6 +16,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.quotas import Lease, retry_after
 from gateway.recent import FinishedRequest
 from gateway.responses import ResponseFormat, usage
+from gateway.tenancy.ledger import BudgetHold
 from gateway.tenants import Tenant
 from scheduler.api import Overloaded, RequestTooLarge, SubmitError
 
@@ -41,6 +42,7 @@ class Job:
     # (monotonic s); `trace_headers` are the request's W3C trace context headers
     tracer: Callable[[Job, float], None] | None = None
     trace_headers: dict[str, str] = field(default_factory=dict)
+    budget: BudgetHold | None = None  # its reservation in the tenant's token budget
 
     def submit(self, prompt_param: str) -> None:
         """Submit every choice; on a refusal abort those already submitted and raise an ApiError."""
@@ -85,6 +87,8 @@ class Job:
         self.finished = True
         used = self.usage()
         self.lease.release(used["total_tokens"])
+        if self.budget is not None:
+            self.budget.settle(used["prompt_tokens"], used["completion_tokens"])
         now = time.monotonic()
         labels = self.metrics.labels(self.tenant.name, self.priority.label)
         for generation in self.generations:

@@ -211,6 +211,8 @@ class GatewayMetrics:
         self.prefix_hit_rate.labels(tenant).set(hits / queries if queries else 0.0)
 
     def set_tenants(self, tenants: Iterable[Tenant]) -> None:
+        """The running tenants' SLOs (again after each change of the tenants)."""
+        self.ttft_slo.clear()
         for tenant in tenants:
             if tenant.ttft_slo_s is not None:
                 self.ttft_slo.labels(tenant.name, tenant.priority.label).set(tenant.ttft_slo_s)

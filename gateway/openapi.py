@@ -22,9 +22,10 @@ _ERROR_TEXT = {
     401: "Missing or unknown API key.",
     403: "The key may not do this (admin endpoints).",
     404: "Unknown model, file, batch or page.",
-    409: "The batch cannot be cancelled in its status.",
+    409: "The batch cannot be cancelled in its status; a tenant or key exists already.",
     413: "The request body is too large.",
-    429: "A tenant quota (concurrency, requests or tokens per minute) is exhausted.",
+    429: "A tenant quota (concurrency, requests or tokens per minute) is exhausted, or "
+         "its token budget (insufficient_quota).",
     500: "Internal error; the server keeps serving.",
     503: "Shed: the server or the request's class is full, the request was evicted for "
          "higher-priority work, or the server is draining.",
@@ -86,6 +87,54 @@ def _path_param(name: str) -> dict[str, Any]:
 
 def _query(name: str, schema: dict[str, Any]) -> dict[str, Any]:
     return {"name": name, "in": "query", "required": False, "schema": schema}
+
+
+_ADMIN_ERRORS = (401, 403, 404, 500, 503)  # /admin/tenants: reads
+_CHANGE_ERRORS = (400, 401, 403, 404, 409, 413, 500, 503)  # /admin/tenants: changes
+
+
+def _change(summary: str, body: str | None, result: str, status: str = "200",
+            params: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    op: dict[str, Any] = {"summary": summary, "responses": {
+        status: {"description": "Done", "content": {JSON: {"schema": _ref(result)}}},
+        **_errors(*_CHANGE_ERRORS)}}
+    if body is not None:
+        op["requestBody"] = {"required": True, "content": {JSON: {"schema": _ref(body)}}}
+    if params:
+        op["parameters"] = params
+    return op
+
+
+def _tenant_paths() -> dict[str, Any]:
+    """gateway/tenancy/admin.py's endpoints."""
+    name = [_path_param("name")]
+    return {
+        "/admin/tenants": {
+            "get": _get("List the running tenants", _ref("TenantList"), *_ADMIN_ERRORS),
+            "post": _change("Add a tenant (a key is made when none is given)", "TenantCreate",
+                            "Tenant", "201")},
+        "/admin/tenants/reload": {"post": _change("Re-read the tenants file", None,
+                                                  "TenantsReload")},
+        "/admin/tenants/{name}": {
+            "get": _get("A tenant", _ref("Tenant"), *_ADMIN_ERRORS, params=name),
+            "patch": _change("Change a tenant's fields", "TenantUpdate", "Tenant",
+                             params=name),
+            "delete": _change("Remove a tenant, revoking its keys", None, "TenantDeleted",
+                              params=name)},
+        "/admin/tenants/{name}/keys": {"post": _change(
+            "Add a key (made by the server when the body is {})", "TenantKeyCreate",
+            "TenantKey", "201", params=name)},
+        "/admin/tenants/{name}/keys/{key}": {"delete": _change(
+            "Revoke a key", None, "TenantKeyDeleted", params=[*name, _path_param("key")])},
+        "/admin/tenants/{name}/usage": {"get": _get(
+            "Budget tokens spent and left this UTC day and month", _ref("TenantUsage"),
+            *_ADMIN_ERRORS, params=name)},
+        "/admin/audit": {"get": _get(
+            "Changes of tenants and keys, newest first", _ref("AuditLog"), 400,
+            *_ADMIN_ERRORS, params=[_query("limit", {"type": "integer"}),
+                                    _query("before", {"type": "integer"}),
+                                    _query("tenant", {"type": "string"})])},
+    }
 
 
 def _paths() -> dict[str, Any]:
@@ -150,6 +199,7 @@ def _paths() -> dict[str, Any]:
         "/v1/batches/{batch_id}/cancel": {"post": {
             "summary": "Cancel a batch", "parameters": batch_id,
             "responses": {**_ok(_ref("Batch")), **_errors(*_API_ERRORS, 404, 409)}}},
+        **_tenant_paths(),
     }
 
 

@@ -188,6 +188,59 @@ def _page(item: S) -> S:
                 last_id=_nullable(STR), has_more=BOOL)
 
 
+_POSITIVE: S = _nullable({"type": "integer", "minimum": 1})
+_BUDGET: S = _obj((), daily_tokens=_POSITIVE, monthly_tokens=_POSITIVE,
+                  prompt_weight=_nullable({"type": "number", "exclusiveMinimum": 0}),
+                  completion_weight=_nullable({"type": "number", "exclusiveMinimum": 0}))
+_TENANT_FIELDS: S = {"priority": _nullable({"enum": ["high", "normal", "low"]}),
+                     "ttft_slo_ms": _nullable({"type": "number", "exclusiveMinimum": 0}),
+                     "max_concurrency": _POSITIVE, "requests_per_minute": _POSITIVE,
+                     "tokens_per_minute": _POSITIVE, "share_prefix_cache": BOOL,
+                     "budget": _nullable(_BUDGET)}
+_KEYS: S = {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1}
+_TENANT_KEY: S = _obj(("object", "id", "tenant", "source"), object={"const": "tenant.key"},
+                      id=STR, tenant=STR, source={"enum": ["file", "admin"]},
+                      created_at=_nullable(INT), created_by=_nullable(STR),
+                      api_key={"type": "string", "description": "Only when the server made "
+                                                                "the key, this once."})
+_TENANT: S = _obj(("object", "name", "source", "keys"), object={"const": "tenant"}, name=STR,
+                  source={"enum": ["file", "admin"]},
+                  keys={"type": "array", "items": _TENANT_KEY}, api_key=STR,
+                  **_TENANT_FIELDS)
+_WINDOW: S = _obj(("period", "spent_tokens", "reserved_tokens", "limit_tokens",
+                   "remaining_tokens", "resets_at"), period=STR, spent_tokens=INT,
+                  reserved_tokens=INT, limit_tokens=_nullable(INT),
+                  remaining_tokens=_nullable(INT), resets_at=STR)
+_TENANT_SCHEMAS: dict[str, S] = {
+    "TenantCreate": _obj(("name",), name={"type": "string", "minLength": 1}, api_keys=_KEYS,
+                         api_key_sha256=_KEYS, **_TENANT_FIELDS),
+    "TenantUpdate": _obj((), **_TENANT_FIELDS),
+    "Tenant": _TENANT,
+    "TenantList": _obj(("object", "data"), object={"const": "list"},
+                       data={"type": "array", "items": _TENANT}),
+    "TenantDeleted": _obj(("object", "name", "deleted"), object={"const": "tenant.deleted"},
+                          name=STR, deleted=BOOL),
+    "TenantKeyCreate": _obj((), api_key={"type": "string", "minLength": 1},
+                            api_key_sha256={"type": "string", "pattern": "^[0-9a-fA-F]{64}$"}),
+    "TenantKey": _TENANT_KEY,
+    "TenantKeyDeleted": _obj(("object", "id", "tenant", "deleted"),
+                             object={"const": "tenant.key.deleted"}, id=STR, tenant=STR,
+                             deleted=BOOL),
+    "TenantsReload": _obj(("object", "added", "removed", "changed", "tenants"),
+                          object={"const": "tenants.reload"},
+                          added={"type": "array", "items": STR},
+                          removed={"type": "array", "items": STR},
+                          changed={"type": "array", "items": STR}, tenants=INT, file=STR),
+    "TenantUsage": _obj(("object", "tenant", "budget", "daily", "monthly"),
+                        object={"const": "tenant.usage"}, tenant=STR,
+                        budget=_nullable(_BUDGET), daily=_WINDOW, monthly=_WINDOW),
+    "AuditLog": _obj(("object", "data", "has_more"), object={"const": "list"},
+                     data={"type": "array", "items": _obj(
+                         ("seq", "at", "actor", "action", "tenant", "detail"), seq=INT, at=NUM,
+                         actor=STR, action=STR, tenant=_nullable(STR),
+                         detail={"type": "object"})}, has_more=BOOL),
+}
+
 SCHEMAS: dict[str, S] = {
     "Error": _obj(("error",), error=_obj(
         ("message", "type"), message=STR, type=STR, param=_nullable(STR),
@@ -243,4 +296,5 @@ SCHEMAS: dict[str, S] = {
                                                                  "minimum": 0}}),
     "Detokenize": _obj(("prompt",), prompt=STR),
     "Version": _obj(("version",), version=STR),
+    **_TENANT_SCHEMAS,
 }

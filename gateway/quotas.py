@@ -87,19 +87,11 @@ class Quotas:
     def _state(self, tenant: Tenant) -> _TenantUsage:
         usage = self._usage.get(tenant.name)
         if usage is None:
-            now = self._clock()
-            usage = _TenantUsage()
-            if tenant.requests_per_minute:
-                rpm = float(tenant.requests_per_minute)
-                usage.requests = TokenBucket(rpm, rpm, now)
-            if tenant.tokens_per_minute:
-                tpm = float(tenant.tokens_per_minute)
-                usage.tokens = TokenBucket(tpm, tpm, now)
-            self._usage[tenant.name] = usage
+            usage = self._usage[tenant.name] = _TenantUsage()
         now = self._clock()
-        for bucket in (usage.requests, usage.tokens):
-            if bucket is not None:
-                bucket.refill(now)
+        # NOTE: by name, so usage outlives a tenants reload; a changed limit resizes its bucket
+        usage.requests = _sized(usage.requests, tenant.requests_per_minute, now)
+        usage.tokens = _sized(usage.tokens, tenant.tokens_per_minute, now)
         return usage
 
     def check(self, tenant: Tenant, tokens: int) -> QuotaRejection | None:
@@ -147,6 +139,20 @@ class Quotas:
 
     def in_flight(self, tenant: Tenant) -> int:
         return self._state(tenant).in_flight
+
+
+def _sized(bucket: TokenBucket | None, per_minute: int | None,
+           now: float) -> TokenBucket | None:
+    """`bucket` refilled to now with capacity `per_minute` (a new full one if it had none)."""
+    if not per_minute:
+        return None
+    if bucket is None:
+        return TokenBucket(float(per_minute), float(per_minute), now)
+    bucket.refill(now)
+    if bucket.capacity != per_minute:
+        bucket.capacity = float(per_minute)
+        bucket.level = min(bucket.level, bucket.capacity)
+    return bucket
 
 
 def retry_after(seconds: float) -> dict[str, str]:

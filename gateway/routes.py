@@ -29,7 +29,7 @@ router = APIRouter()
 @router.post("/v1/completions")
 async def create_completion(request: Request) -> Response:
     state = state_of(request)
-    tenant = authenticate(state.config.tenants, request.headers.get("authorization"))
+    tenant = authenticate(state.tenants.current, request.headers.get("authorization"))
     body = parse_completion(parse_json(await request.body()),
                             state.config.server.max_prompts_per_request)
     check_model(state.engine, body.options.model)
@@ -40,7 +40,7 @@ async def create_completion(request: Request) -> Response:
 @router.post("/v1/chat/completions")
 async def create_chat_completion(request: Request) -> Response:
     state = state_of(request)
-    tenant = authenticate(state.config.tenants, request.headers.get("authorization"))
+    tenant = authenticate(state.tenants.current, request.headers.get("authorization"))
     body = parse_chat(parse_json(await request.body()))
     check_model(state.engine, body.options.model)
     prompt = tokenize_chat(state.engine, body.messages, tools=offered_tools(body.tools))
@@ -51,7 +51,7 @@ async def create_chat_completion(request: Request) -> Response:
 @router.get("/v1/models")
 async def list_models(request: Request) -> Response:
     state = state_of(request)
-    tenants = state.config.tenants
+    tenants = state.tenants.current
     authorization = request.headers.get("authorization")
     key = bearer_key(authorization)
     if key is None or not tenants.is_admin(key):  # admins may list models too
@@ -100,7 +100,7 @@ async def metrics(request: Request) -> Response:
 @router.get("/admin/gmg")
 async def admin_gmg(request: Request) -> Response:
     state = state_of(request)
-    authorize_admin(state.config.tenants, request.headers.get("authorization"))
+    authorize_admin(state.tenants.current, request.headers.get("authorization"))
     return json_response({"now": time.monotonic(), **state.engine.scheduler.snapshot()})
 
 
@@ -110,7 +110,7 @@ async def admin_timeline(request: Request) -> Response:
     of its requests, and the requests finished since then with their TTFT and SLO; `now` is
     the `since` of the next poll."""
     state = state_of(request)
-    authorize_admin(state.config.tenants, request.headers.get("authorization"))
+    authorize_admin(state.tenants.current, request.headers.get("authorization"))
     raw = request.query_params.get("since", "0")
     try:
         since = float(raw)
@@ -135,7 +135,7 @@ async def admin_direct(request: Request) -> Response:
     `loadgen probe --overhead` pairs with each request. The device runs nothing else
     meanwhile."""
     state = state_of(request)
-    authorize_admin(state.config.tenants, request.headers.get("authorization"))
+    authorize_admin(state.tenants.current, request.headers.get("authorization"))
     body = parse_completion(parse_json(await request.body()), 1)
     check_model(state.engine, body.options.model)
     [prompt] = tokenize_completion(state.engine, body.prompts, body.suffix)

@@ -5,7 +5,7 @@ get 503 and /health turns 503 while the listener stays open, and in-flight
 requests (streams included) run to completion. Once none is left, or after
 `drain_timeout_s`, uvicorn shuts down as usual (requests still running are
 cancelled, which aborts them in the scheduler) and `serve` returns. A second
-signal shuts down at once.
+signal shuts down at once. SIGHUP re-reads the tenants file (`reload_tenants`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from types import FrameType
 
 import uvicorn
@@ -24,6 +24,7 @@ from gateway.accesslog import QuietHttpToolsProtocol
 from gateway.app import create_app
 from gateway.config import GatewayConfig
 from gateway.engine import Engine
+from gateway.errors import ApiError
 from gateway.lifecycle import Lifecycle
 from gateway.logs import configure_logging, uvicorn_log_config
 from gateway.state import AppState
@@ -38,11 +39,16 @@ class GatewayServer(uvicorn.Server):
     """uvicorn.Server whose first exit signal drains the app before shutting down."""
 
     def __init__(self, config: uvicorn.Config, lifecycle: Lifecycle,
-                 drain_timeout_s: float) -> None:
+                 drain_timeout_s: float, on_hangup: Callable[[], None] | None = None) -> None:
         super().__init__(config)
         self.lifecycle = lifecycle
         self.drain_timeout_s = drain_timeout_s
+        self.on_hangup = on_hangup  # called on the loop, at the next tick after a SIGHUP
         self._drain_logged = False
+        self._hangup = False
+
+    def handle_hangup(self, sig: int, frame: FrameType | None) -> None:
+        self._hangup = True  # NOTE: only a flag: the reload runs in on_tick, on the loop
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.lifecycle.draining:  # a second signal: shut down now
@@ -51,6 +57,10 @@ class GatewayServer(uvicorn.Server):
             self.lifecycle.begin_drain()
 
     async def on_tick(self, counter: int) -> bool:
+        if self._hangup:
+            self._hangup = False
+            if self.on_hangup is not None:
+                self.on_hangup()
         started = self.lifecycle.drain_started
         if started is not None and not self.should_exit:
             if not self._drain_logged:  # NOTE: not in handle_exit: no logging in signal handlers
@@ -69,6 +79,7 @@ class GatewayServer(uvicorn.Server):
             yield
             return
         original = {sig: signal.signal(sig, self.handle_exit) for sig in _SIGNALS}
+        original[signal.SIGHUP] = signal.signal(signal.SIGHUP, self.handle_hangup)
         try:
             yield
         finally:
@@ -92,7 +103,17 @@ def make_server(config: GatewayConfig, engine: Engine | None = None) -> GatewayS
                                loop="uvloop", http=QuietHttpToolsProtocol,
                                timeout_graceful_shutdown=_CANCEL_GRACE_S,
                                **config.tls.uvicorn_options())
-    return GatewayServer(uv_config, state.lifecycle, config.server.drain_timeout_s)
+    return GatewayServer(uv_config, state.lifecycle, config.server.drain_timeout_s,
+                         lambda: reload_tenants(state))
+
+
+def reload_tenants(state: AppState) -> None:
+    """SIGHUP: re-read the tenants file; a failure is logged and the tenants stay as they were."""
+    try:
+        state.tenants.reload("signal:SIGHUP")
+    except ApiError as exc:
+        if exc.code != "invalid_tenants_file":  # that one the registry has logged
+            logger.warning("SIGHUP: tenants not reloaded: %s", exc.message)
 
 
 def serve(config: GatewayConfig, engine: Engine | None = None) -> int:

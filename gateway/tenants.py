@@ -2,10 +2,10 @@
 
 The tenants file (YAML)::
 
-    admin_keys: [sk-admin-1]
+    admin_keys: [sk-admin-1]    # or admin_key_sha256: [<hex SHA-256 of the key>]
     tenants:
       - name: ide
-        api_keys: [sk-ide-1]
+        api_keys: [sk-ide-1]    # and/or api_key_sha256: [...]; at least one key
         priority: high          # high | normal | low (default normal)
         ttft_slo_ms: 500        # omitted: best effort
         max_concurrency: 64     # omitted limits mean unlimited
@@ -13,13 +13,16 @@ The tenants file (YAML)::
         tokens_per_minute: 200000
         share_prefix_cache: true   # default false: no other tenant hits its cached prompt
                                    # blocks (nor it theirs), so none can time-probe them
+        budget: {daily_tokens: 1000000, monthly_tokens: 20000000, completion_weight: 2}
 
 Without a tenants file auth is off and every request belongs to one default
 tenant (class `high`, so that a request can still choose any class by lowering).
+Keys are kept only as SHA-256 hashes, looked up by hash and compared in constant time.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -29,11 +32,16 @@ import yaml
 from executors.types import Priority
 from gateway.errors import ApiError, clip, invalid
 from gateway.logs import note_request
+from gateway.tenancy.budget import Budget
+from gateway.tenancy.keys import hash_key, is_sha256, same_hash
 from gateway.yamlmarks import LineDict, LineList, line_of, load_with_lines
 
 SERVICE_TIERS = ("auto", "default", "flex", "priority")
-_TENANT_FIELDS = ("name", "api_keys", "priority", "ttft_slo_ms", "max_concurrency",
-                  "requests_per_minute", "tokens_per_minute", "share_prefix_cache")
+_TENANT_FIELDS = ("name", "api_keys", "api_key_sha256", "priority", "ttft_slo_ms",
+                  "max_concurrency", "requests_per_minute", "tokens_per_minute",
+                  "share_prefix_cache", "budget")
+_MAX_NUMBER = 1 << 62  # larger limits are typos (and SQLite's integers end at 2**63)
+_BUDGET_FIELDS = ("daily_tokens", "monthly_tokens", "prompt_weight", "completion_weight")
 _LIMIT_FIELDS = ("max_concurrency", "requests_per_minute", "tokens_per_minute")
 
 
@@ -42,13 +50,14 @@ class Tenant:
     """One tenant. Limits of None mean unlimited."""
 
     name: str
-    api_keys: tuple[str, ...] = ()
+    key_hashes: tuple[str, ...] = field(default=(), repr=False)  # hex SHA-256 of each key
     priority: Priority = Priority.NORMAL
     ttft_slo_ms: float | None = None
     max_concurrency: int | None = None
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None
     share_prefix_cache: bool = False  # False: its KV blocks are keyed with its name too
+    budget: Budget | None = None  # token limits per UTC day and month
 
     @property
     def cache_salt(self) -> str:
@@ -65,35 +74,45 @@ class TenantsConfig:
     """All tenants and admin keys. No tenants and no admin keys means auth is off."""
 
     tenants: tuple[Tenant, ...] = ()
-    admin_keys: tuple[str, ...] = ()
+    admin_key_hashes: tuple[str, ...] = field(default=(), repr=False)  # SHA-256 of each
     default_priority: Priority = Priority.HIGH  # class of the tenant used when auth is off
-    _by_key: dict[str, Tenant] = field(init=False, repr=False, compare=False)
+    _by_hash: dict[str, Tenant] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         names = [t.name for t in self.tenants]
         if len(set(names)) != len(names):
             raise ValueError("tenant names must be unique")
-        by_key: dict[str, Tenant] = {}
+        by_hash: dict[str, Tenant] = {}
         for tenant in self.tenants:
-            for key in tenant.api_keys:
-                if key in by_key or key in self.admin_keys:
-                    raise ValueError(f"API key {key[:6]}... is used twice")
-                by_key[key] = tenant
-        object.__setattr__(self, "_by_key", by_key)
+            for key_hash in tenant.key_hashes:
+                if key_hash in by_hash or key_hash in self.admin_key_hashes:
+                    raise ValueError(f"an API key of tenant {tenant.name!r} is used twice")
+                by_hash[key_hash] = tenant
+        object.__setattr__(self, "_by_hash", by_hash)
 
     @property
     def auth_enabled(self) -> bool:
-        return bool(self.tenants or self.admin_keys)
+        return bool(self.tenants or self.admin_key_hashes)
 
     @property
     def default_tenant(self) -> Tenant:
         return Tenant("default", priority=self.default_priority)
 
+    def tenant_named(self, name: str) -> Tenant | None:
+        return next((t for t in self.tenants if t.name == name), None)
+
     def tenant_for(self, key: str) -> Tenant | None:
-        return self._by_key.get(key)
+        """The tenant of a plain-text key. NOTE: looked up by its hash, so how long the lookup
+        takes tells nothing about the stored keys; the match is confirmed in constant time."""
+        key_hash = hash_key(key)
+        tenant = self._by_hash.get(key_hash)
+        if tenant is None or not any(same_hash(key_hash, h) for h in tenant.key_hashes):
+            return None
+        return tenant
 
     def is_admin(self, key: str) -> bool:
-        return key in self.admin_keys
+        key_hash = hash_key(key)
+        return any([same_hash(key_hash, h) for h in self.admin_key_hashes])  # all compared
 
 
 # ---- authentication ------------------------------------------------------------------------
@@ -195,23 +214,44 @@ def parse_tenants(text: str, source: str = "<tenants>") -> TenantsConfig:
     if not isinstance(doc, LineDict):
         raise TenantsFileError(f"{source}:1: expected a mapping with 'tenants' and "
                                "'admin_keys'")
-    reader.no_unknown(doc, ("tenants", "admin_keys"), "")
-    admin_keys = reader.keys(doc, "admin_keys", "admin_keys", required=False)
+    reader.no_unknown(doc, ("tenants", "admin_keys", "admin_key_sha256"), "")
+    admin_keys = (*reader.hashes(doc, "admin_keys", "admin_keys", hashed=False),
+                  *reader.hashes(doc, "admin_key_sha256", "admin_key_sha256", hashed=True))
     raw = doc.get("tenants") or LineList()
     if not isinstance(raw, list):
         reader.fail(doc, "tenants", "tenants", "must be a list of tenants")
-    tenants = [reader.tenant(raw, i) for i in range(len(raw))]
+    tenants = [reader.tenant(raw, i, f"tenants[{i}]") for i in range(len(raw))]
     reader.check_unique(raw, tenants, admin_keys)
     return TenantsConfig(tuple(tenants), admin_keys)
 
 
-class _Reader:
-    """Field-by-field validation of a parsed tenants file, failing with file:line: field."""
+def tenant_from_dict(item: Any, keys_required: bool = False) -> Tenant:
+    """A tenant from a JSON object of the file's fields (the admin API's bodies);
+    raises TenantsFileError naming the field."""
+    reader = _Reader(None)
+    return reader.tenant([item], 0, "tenant", keys_required=keys_required)
 
-    def __init__(self, source: str) -> None:
+
+def tenant_spec(tenant: Tenant) -> dict[str, Any]:
+    """A tenant's fields as the file writes them, keys left out (`tenant_from_dict` reads it)."""
+    spec: dict[str, Any] = {"name": tenant.name, "priority": tenant.priority.label,
+                            "ttft_slo_ms": tenant.ttft_slo_ms}
+    spec.update({k: getattr(tenant, k) for k in _LIMIT_FIELDS})
+    spec["share_prefix_cache"] = tenant.share_prefix_cache
+    spec["budget"] = None if tenant.budget is None else tenant.budget.as_dict()
+    return spec
+
+
+class _Reader:
+    """Field-by-field validation of a parsed tenants file, failing with file:line: field
+    (with no source, as for an admin API body: field: problem)."""
+
+    def __init__(self, source: str | None) -> None:
         self.source = source
 
     def fail(self, container: Any, key: Any, path: str, problem: str) -> NoReturn:
+        if self.source is None:
+            raise TenantsFileError(f"{path}: {problem}")
         line = line_of(container, key) or 1
         raise TenantsFileError(f"{self.source}:{line}: {path}: {problem}")
 
@@ -221,17 +261,25 @@ class _Reader:
                 self.fail(item, key, f"{prefix}{key}",
                           f"unknown field; expected one of {', '.join(allowed)}")
 
-    def keys(self, item: dict[str, Any], key: str, path: str, required: bool) -> tuple[str, ...]:
+    def hashes(self, item: dict[str, Any], key: str, path: str,
+               hashed: bool) -> tuple[str, ...]:
+        """The SHA-256 hashes of a list of plain-text keys, or a list of hashes checked."""
         value = item.get(key)
-        if value is None and not required:
+        if value is None:
             return ()
         if (not isinstance(value, list) or not value
                 or not all(isinstance(k, str) and k.strip() for k in value)):
             self.fail(item, key, path, "must be a non-empty list of non-empty strings")
-        return tuple(k.strip() for k in value)
+        if not hashed:
+            return tuple(hash_key(k.strip()) for k in value)
+        digests = tuple(k.strip().lower() for k in value)
+        if not all(is_sha256(d) for d in digests):
+            self.fail(item, key, path, "each entry must be a hex SHA-256 digest (64 hex "
+                                       "digits, as `printf %s KEY | sha256sum` prints)")
+        return digests
 
-    def tenant(self, raw: list[Any], index: int) -> Tenant:
-        item, path = raw[index], f"tenants[{index}]"
+    def tenant(self, raw: list[Any], index: int, path: str, keys_required: bool = True) -> Tenant:
+        item = raw[index]
         if not isinstance(item, dict):
             self.fail(raw, index, path, "must be a mapping with name, api_keys, priority, ...")
         self.no_unknown(item, _TENANT_FIELDS, f"{path}.")
@@ -239,7 +287,7 @@ class _Reader:
         if not isinstance(name, str) or not name.strip():
             self.fail(item, "name", f"{path}.name", "required, a non-empty string")
         priority = Priority.NORMAL
-        if "priority" in item:
+        if item.get("priority") is not None:
             try:
                 priority = Priority.parse(str(item["priority"]))
             except ValueError:
@@ -247,22 +295,41 @@ class _Reader:
                           f"unknown priority {item['priority']!r}; use high, normal or low")
         limits = {k: self.positive(item, k, f"{path}.{k}", integer=True) for k in _LIMIT_FIELDS}
         slo = self.positive(item, "ttft_slo_ms", f"{path}.ttft_slo_ms", integer=False)
-        keys = self.keys(item, "api_keys", f"{path}.api_keys", required=True)
+        keys = (*self.hashes(item, "api_keys", f"{path}.api_keys", hashed=False),
+                *self.hashes(item, "api_key_sha256", f"{path}.api_key_sha256", hashed=True))
+        if keys_required and not keys:
+            self.fail(item, "api_keys", f"{path}.api_keys",
+                      "required: a non-empty list in api_keys or api_key_sha256")
         share = item.get("share_prefix_cache", False)
         if not isinstance(share, bool):
             self.fail(item, "share_prefix_cache", f"{path}.share_prefix_cache",
                       f"must be true or false, got {share!r}")
         return Tenant(str(name).strip(), keys, priority, slo, **limits,
-                      share_prefix_cache=share)
+                      share_prefix_cache=share, budget=self.budget(item, f"{path}.budget"))
+
+    def budget(self, item: dict[str, Any], path: str) -> Budget | None:
+        value = item.get("budget")
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            self.fail(item, "budget", path, "must be a mapping with daily_tokens and/or "
+                                            "monthly_tokens")
+        self.no_unknown(value, _BUDGET_FIELDS, f"{path}.")
+        limits = {k: self.positive(value, k, f"{path}.{k}", integer=True)
+                  for k in _BUDGET_FIELDS[:2]}
+        weights = {k: self.positive(value, k, f"{path}.{k}", integer=False)
+                   for k in _BUDGET_FIELDS[2:]}
+        return Budget(**limits, **{k: v for k, v in weights.items() if v is not None})
 
     def positive(self, item: dict[str, Any], key: str, path: str, integer: bool) -> Any:
         value: Any = item.get(key)
         if value is None:
             return None
         numeric = isinstance(value, int) or (isinstance(value, float) and not integer)
-        if isinstance(value, bool) or not numeric or value <= 0:
+        if (isinstance(value, bool) or not numeric or not math.isfinite(value) or value <= 0
+                or value > _MAX_NUMBER):
             kind = "integer" if integer else "number"
-            self.fail(item, key, path, f"must be a positive {kind}, got {value!r}")
+            self.fail(item, key, path, f"must be a positive {kind}, got {clip(value)}")
         return value
 
     def check_unique(self, raw: list[Any], tenants: list[Tenant],
@@ -273,7 +340,7 @@ class _Reader:
             if tenant.name in seen_names:
                 self.fail(raw[i], "name", f"tenants[{i}].name", f"duplicate name {tenant.name!r}")
             seen_names.add(tenant.name)
-            for key in tenant.api_keys:
+            for key in tenant.key_hashes:
                 if key in seen_keys:
                     self.fail(raw[i], "api_keys", f"tenants[{i}].api_keys",
                               "an API key is used twice (by another tenant or as admin key)")

@@ -108,7 +108,7 @@ def detokenize(engine: Engine, tokens: tuple[int, ...]) -> str:
 @router.post("/tokenize")
 async def tokenize(request: Request) -> Response:
     state = state_of(request)
-    authenticate(state.config.tenants, request.headers.get("authorization"))
+    authenticate(state.tenants.current, request.headers.get("authorization"))
     body = parse_tokenize(parse_json(await request.body()))
     check_model(state.engine, body.model)
     ids = token_ids(state.engine, body)
@@ -120,7 +120,7 @@ async def tokenize(request: Request) -> Response:
 @router.post("/detokenize")
 async def detokenize_tokens(request: Request) -> Response:
     state = state_of(request)
-    authenticate(state.config.tenants, request.headers.get("authorization"))
+    authenticate(state.tenants.current, request.headers.get("authorization"))
     body = parse_detokenize(parse_json(await request.body()))
     check_model(state.engine, body.model)
     return json_response({"prompt": detokenize(state.engine, body.tokens)})

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from gateway.admission import Admission
 from gateway.lifecycle import Lifecycle
-from gateway.tenants import TenantsConfig
+from gateway.tenancy.registry import TenantRegistry
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,5 +16,5 @@ class BatchContext:
 
     admission: Admission  # engine, quotas, metrics, deadline: a line is admitted as a request is
     max_prompts_per_request: int  # a completions line's list of prompts, as the endpoint's
-    tenants: TenantsConfig  # a batch's tenant, by name
+    tenants: TenantRegistry  # a batch's tenant, by name, in the running tenants
     lifecycle: Lifecycle  # no line is fed while the app drains

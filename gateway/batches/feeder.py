@@ -222,7 +222,7 @@ class Feeder:
             self._cursors[batch.id] = self._cursor(batch)
 
     def _cursor(self, batch: BatchRecord) -> _Cursor:
-        tenant = tenant_named(self._context.tenants, batch.tenant)
+        tenant = tenant_named(self._context.tenants.current, batch.tenant)
         if tenant is None:
             raise RuntimeError(f"tenant {batch.tenant!r} is no longer configured")
         return _Cursor(batch, tenant)

@@ -40,7 +40,7 @@ MAX_METADATA_PAIRS = 16
 
 def _context(request: Request) -> tuple[AppState, BatchService, Tenant]:
     state = state_of(request)
-    tenant = authenticate(state.config.tenants, request.headers.get("authorization"))
+    tenant = authenticate(state.tenants.current, request.headers.get("authorization"))
     return state, state.batches, tenant
 
 

@@ -66,7 +66,9 @@ def _answer(request_id: str, custom_id: str, status: int, body: dict[str, Any]) 
 
 
 def _from_error(exc: ApiError, request_id: str, custom_id: str) -> Outcome:
-    if exc.status in _RETRY_STATUSES:
+    if exc.status in _RETRY_STATUSES and exc.code != "insufficient_quota":
+        # NOTE: a spent token budget fails the line (as OpenAI's): waiting for the reset
+        # could take a day
         after = float(exc.headers.get("retry-after-ms", "1000")) / 1000
         return Retry(after, exc.message)
     return _answer(request_id, custom_id, exc.status, exc.body())

@@ -109,8 +109,14 @@ def test_debug_is_for_slicegate_s_loggers_only(logged: io.StringIO) -> None:
 
 
 def test_uvicorn_loggers_propagate_into_the_one_format(logged: io.StringIO) -> None:
-    logging.config.dictConfig(uvicorn_log_config())
-    logging.getLogger("uvicorn.error").info("Uvicorn running on %s", "http://x")
+    uvicorn_error = logging.getLogger("uvicorn.error")
+    was = uvicorn_error.level  # NOTE: a LiveServer test before this one left its log_level
+    uvicorn_error.setLevel(logging.NOTSET)
+    try:
+        logging.config.dictConfig(uvicorn_log_config())
+        uvicorn_error.info("Uvicorn running on %s", "http://x")
+    finally:
+        uvicorn_error.setLevel(was)
     line = json.loads(logged.getvalue())
     assert (line["logger"], line["msg"]) == ("uvicorn.error", "Uvicorn running on http://x")
 

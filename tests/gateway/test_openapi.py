@@ -9,6 +9,7 @@ import httpx
 
 from gateway.batches.routes import router as batches
 from gateway.routes import router as api
+from gateway.tenancy.admin import router as tenancy
 from gateway.tokenize import router as tokenizer
 from gateway.ui.routes import router as ui
 from loadgen.fuzz import run_schemathesis, summarise
@@ -21,7 +22,8 @@ METHODS = {"get", "post", "delete", "put", "patch"}
 async def test_every_route_is_documented_with_its_errors(make_engine: EngineFactory) -> None:
     async with running(make_config(), make_engine()) as h:
         doc = (await h.client.get("/openapi.json")).json()
-    routes = {(r.path, m.lower()) for router in (api, tokenizer, batches, ui) for r in router.routes
+    routes = {(r.path, m.lower()) for router in (api, tokenizer, batches, ui, tenancy)
+              for r in router.routes
               for m in (getattr(r, "methods", None) or ()) if m.lower() in METHODS}
     documented = {(path, m) for path, ops in doc["paths"].items() for m in ops if m in METHODS}
     assert routes == documented
@@ -31,7 +33,7 @@ async def test_every_route_is_documented_with_its_errors(make_engine: EngineFact
                 assert {"401", "500", "503"} <= set(op["responses"]), (path, method)
                 assert "Retry-After" in op["responses"]["503"]["headers"]
             if method == "post" and "requestBody" not in op:
-                assert path.endswith("/cancel"), path  # the one POST without a body
+                assert path.endswith(("/cancel", "/reload")), path  # POSTs without a body
     completion = doc["components"]["schemas"]["CompletionRequest"]
     assert MODEL in completion["properties"]["model"]["anyOf"][0]["enum"]
 

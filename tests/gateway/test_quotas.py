@@ -36,6 +36,23 @@ async def test_requests_per_minute_refills() -> None:
     assert quotas.check(tenant, 0) is None
 
 
+async def test_usage_outlives_a_change_of_limits() -> None:
+    clock = Clock()
+    quotas = Quotas(clock)
+    tenant = Tenant("t", requests_per_minute=4, max_concurrency=3)
+    lease = quotas.acquire(tenant, 0)
+    quotas.acquire(tenant, 0)
+    quotas.acquire(tenant, 0).release(0)
+    changed = Tenant("t", requests_per_minute=2, max_concurrency=2)  # reloaded: same name
+    rejection = quotas.check(changed, 0)  # 2 in flight: at the new limit
+    assert rejection is not None and rejection.kind == "concurrency"
+    lease.release(0)
+    quotas.acquire(changed, 0)  # the last of the 4 requests; the bucket is now 0 of 2
+    clock.now += 15  # half a request refilled
+    rejection = quotas.check(Tenant("t", requests_per_minute=2, max_concurrency=9), 0)
+    assert rejection is not None and rejection.retry_after_s == pytest.approx(15.0)
+
+
 async def test_tokens_are_settled_to_actual_use() -> None:
     clock = Clock()
     quotas = Quotas(clock)

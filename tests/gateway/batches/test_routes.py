@@ -241,6 +241,18 @@ async def test_quotas_apply_to_batch_lines(make_engine: EngineFactory) -> None:
         assert now["request_counts"]["completed"] == 2, now  # the rest waits for the bucket
 
 
+async def test_a_spent_budget_fails_batch_lines(make_engine: EngineFactory) -> None:
+    yaml = TENANTS_YAML + "    budget: {daily_tokens: 60}\n"  # on the last tenant, nightly
+    async with running(make_config(parse_tenants(yaml)), make_engine()) as h:
+        batch = await submit(h.client, NIGHTLY, [line(i) for i in range(8)])
+        done = await wait_for(h.client, NIGHTLY, batch["id"])
+        out = await results(h.client, NIGHTLY, done["output_file_id"])
+        errors = await results(h.client, NIGHTLY, done["error_file_id"])
+        assert out and errors and len(out) + len(errors) == 8, done
+        assert sum(x["response"]["body"]["usage"]["total_tokens"] for x in out) <= 60
+        assert {x["response"]["body"]["error"]["code"] for x in errors} == {"insufficient_quota"}
+
+
 async def test_auth_off_batches_belong_to_the_default_tenant(
         make_engine: EngineFactory) -> None:
     async with running(make_config(), make_engine()) as h:
