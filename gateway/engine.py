@@ -13,9 +13,9 @@ import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from executors.types import Priority
+from gateway.adapters import Adapters, not_found
 from gateway.cluster import ray_scheduler
 from gateway.config import GatewayConfig, SchedulerSettings
-from gateway.errors import ApiError, clip
 from gateway.fim import Fim, resolve_fim
 from gateway.sampling_defaults import SamplingDefaults, load_sampling_defaults
 from gateway.tools.formats import DEFAULT_FORMAT, KNOWN_FORMATS, CallFormat, resolve_format
@@ -53,6 +53,8 @@ class Engine:
     tool_format: CallFormat = KNOWN_FORMATS[DEFAULT_FORMAT]  # how its tool calls are read
     prefix_caching: bool = True  # the scheduler's; `n` choices then share one prefill
     created: int = field(default_factory=lambda: int(time.time()))  # unix s, for /v1/models
+    adapters: Adapters = field(default_factory=Adapters)  # LoRA adapters, by name (mutable)
+    root: str = ""  # where the weights came from (/v1/models `root`, as vLLM's)
 
     def __post_init__(self) -> None:
         if self.max_model_len < 2:
@@ -69,12 +71,11 @@ class Engine:
         return bool(getattr(self.tokenizer, "chat_template", None))
 
 
-def check_model(engine: Engine, model: str | None) -> None:
-    """404 `model_not_found` unless a request's `model` names the served model (or is None)."""
-    if not engine.serves(model):
-        raise ApiError(404, f"The model {clip(model)} does not exist; this server serves "
-                            f"{engine.served_model_name!r}.", param="model",
-                       code="model_not_found")
+def check_model(engine: Engine, model: str | None, adapters: bool = True) -> None:
+    """404 `model_not_found` unless a request's `model` names the served model (or is None)
+    or, with `adapters`, one of its LoRA adapters."""
+    if not engine.serves(model) and not (adapters and model in engine.adapters):
+        raise not_found(model)
 
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
