@@ -61,8 +61,10 @@ class AdapterSet:
 
     def refuse(self, reason: str) -> None:
         """Take no adapters from now on, saying `reason` (e.g. executors that cannot run
-        them)."""
+        them); AdapterError if some are loaded already."""
         with self._lock:
+            if self._adapters:
+                raise AdapterError(f"{reason} (loaded: {', '.join(self._adapters)})")
             self.refusal = reason
 
     def can_add(self, adapter: LoraAdapter) -> str | None:

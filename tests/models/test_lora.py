@@ -240,9 +240,12 @@ def test_an_adapter_past_the_reserve_is_refused_with_numbers(
         s.add(ad)
     s.limit(s.cost_bytes(ad))
     s.add(ad)
+    with pytest.raises(AdapterError, match=r"on Ray executors yet \(loaded: extra\)"):
+        s.refuse("adapters are not supported on Ray executors yet")
+    s.remove("extra")
     s.refuse("adapters are not supported on Ray executors yet")
     with pytest.raises(AdapterError, match="Ray executors"):
-        s.add(load_peft_adapter("more", tiny_adapters["mlp"], tiny))
+        s.add(ad)
 
 
 def test_a_running_batch_keeps_an_adapter_removed_under_it(

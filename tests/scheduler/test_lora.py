@@ -120,3 +120,14 @@ def test_a_reserve_past_the_budget_fails_at_start_up(model: models.Model) -> Non
         _scheduler(model, lora_reserve_bytes=300 << 20)
     with pytest.raises(ValueError, match="lora_reserve_bytes"):
         SchedulerConfig(lora_reserve_bytes=-1)
+
+
+def test_ray_devices_refuse_adapters(model: models.Model, tiny_model_dir: Path) -> None:
+    remote = [Device("10.0.0.7/cpu:0", 256 << 20)]
+    cfg = SchedulerConfig(policy="fcfs", max_model_len=1024, max_batch_tokens=512)
+    with pytest.raises(AdapterError, match=r"not supported on Ray executors yet \(loaded: a, b"):
+        Scheduler(model, remote, "fcfs", linear_time, xfer_time, cfg)
+    plain = models.load(tiny_model_dir, dtype="float32")
+    Scheduler(plain, remote, "fcfs", linear_time, xfer_time, cfg)  # built, never started
+    assert plain.adapters.can_add(model.adapters.get("a")) == (  # type: ignore[arg-type]
+        "LoRA adapters are not supported on Ray executors yet")
