@@ -7,6 +7,8 @@ adapters (random non-zero weights, rank `--rank`, every q/k/v/o/gate/up/down
 projection) each on 2 sequences and the rest on the base. Each repeat times
 `--steps` decode steps of each batch in turn (interleaved, the same positions
 every repeat); the table gives medians, and the goal is mixed >= 0.8x base.
+With `--layouts`, the low-rank products of one layer in three layouts first
+(`benchmarks/models/lora_layouts.py`): why `models.lora` runs the one it does.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 import torch
 
 from benchmarks.harness import machine, machine_line, parser, print_table, write_json
+from benchmarks.models.lora_layouts import compare
 from models.batch import SeqSpec, build_batch
 from models.generate import run_chain
 from models.kv_cache import KVCache, blocks_for
@@ -111,6 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=16, help="decode steps timed per repeat")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    p.add_argument("--layouts", action="store_true", help="time three layouts of the products")
     args = p.parse_args(argv)
     if args.seqs < 2 * args.adapters:
         raise ValueError(f"--seqs {args.seqs} < 2 per adapter x {args.adapters}")
@@ -120,6 +124,13 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     model = load(args.model, dtype=args.dtype, threads=args.threads)
     print(machine_line())
+    layouts = None
+    if args.layouts:
+        shapes = {k: model.lora_shapes()[k] for k in ("q", "o", "gate", "up", "down")}
+        shapes["q"] = (shapes["q"][0], sum(model.lora_shapes()[k][1] for k in "qkv"))
+        layouts = compare(shapes, args.seqs, args.adapters, args.rank, 200)
+        print_table(["layout", "one layer's products, decode (us)"], "lr",
+                    [[k, f"{v * 1e6:.0f}"] for k, v in layouts.items()])
     r = measure(model, args.seqs, args.adapters, args.rank, targets, args.context, args.steps,
                 args.repeats)
     print_table(["batch", "rows", "output tok/s (median)"], "llr", [
@@ -129,4 +140,4 @@ def main(argv: list[str] | None = None) -> None:
     print(f"mixed / base: {r['ratio']:.3f}x (goal >= 0.8x); adapters take "
           f"{r['adapter_mib']:.1f} MiB ({model.dtype}, rank {args.rank}, {'/'.join(targets)})")
     write_json(args.json, {**machine(), "model": args.model, "dtype": str(model.dtype),
-                           "threads": args.threads, **r})
+                           "threads": args.threads, "layouts_s": layouts, **r})
