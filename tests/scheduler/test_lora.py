@@ -115,6 +115,21 @@ async def test_the_adapter_reserve_is_kept_on_every_device(
         await sched.stop()
 
 
+async def test_a_request_of_an_adapter_not_loaded_is_refused_at_submit(
+        model: models.Model) -> None:
+    sched = _scheduler(model)
+    await sched.start()
+    try:
+        with pytest.raises(AdapterError, match="adapter 'nope' is not loaded"):
+            sched.submit(Request("r", "t", Priority.HIGH, BASE, GREEDY, adapter="nope"))
+        model.adapters.remove("b")
+        with pytest.raises(AdapterError, match="adapter 'b' is not loaded"):
+            sched.submit(Request("r", "t", Priority.HIGH, BASE, GREEDY, adapter="b"))
+        assert (await _run(sched, "a", BASE[:20], "a"))[0]  # the others still run
+    finally:
+        await sched.stop()
+
+
 def test_a_reserve_past_the_budget_fails_at_start_up(model: models.Model) -> None:
     with pytest.raises(ValueError, match="LoRA reserve of"):
         _scheduler(model, lora_reserve_bytes=300 << 20)
