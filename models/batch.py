@@ -9,12 +9,15 @@ attention together over their context gathered from the paged cache.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from models.kv_cache import blocks_for
 from models.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from models.lora import LoraRows
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +124,8 @@ class Batch:
     decode: DecodeGroup | None
     sample_rows: torch.Tensor  # [S] rows whose hidden state the head samples from
     wants_logprobs: bool = False  # a sequence asks for log-probs (`models.logprobs`)
+    has_adapters: bool = False  # a sequence runs with a LoRA adapter
+    lora: LoraRows | None = None  # its adapter rows, resolved by the first layer op run on it
 
     @property
     def sampled_seqs(self) -> list[SeqSpec]:
@@ -197,6 +202,7 @@ def build_batch(seqs: list[SeqSpec], block_size: int, device: torch.device) -> B
         sample_rows=torch.tensor(sample_rows, dtype=torch.long, device=device),
         wants_logprobs=any(s.prompt_targets or (s.sample and s.sampling.logprobs is not None)
                            for s in seqs),
+        has_adapters=any(s.adapter is not None for s in seqs),
     )
 
 

@@ -44,15 +44,17 @@ class Generation:
 def _step_seq(rid: str, tokens: list[int], past: int, table: list[int],
               params: SamplingParams, generated: int,
               history: TokenHistory | None = None,
-              constraint: Constraint | None = None) -> SeqSpec:
+              constraint: Constraint | None = None, adapter: str | None = None) -> SeqSpec:
     return SeqSpec(rid, tokens, past, table, sample=True, sampling=params,
-                   num_generated=generated, history=history, constraint=constraint)
+                   num_generated=generated, history=history, constraint=constraint,
+                   adapter=adapter)
 
 
 def generate(model: Model, prompt_ids: list[int], params: SamplingParams,
-             block_size: int = 16, constraint: Constraint | None = None) -> Generation:
+             block_size: int = 16, constraint: Constraint | None = None,
+             adapter: str | None = None) -> Generation:
     """Prefill then decode one token at a time until a stop id, max_tokens, or the end of
-    `constraint`'s grammar."""
+    `constraint`'s grammar; with `adapter`, that loaded LoRA adapter's (`model.adapters`)."""
     total = len(prompt_ids) + params.max_tokens
     kv = model.new_kv_cache(blocks_for(total, block_size), block_size)
     table = kv.allocator.allocate(blocks_for(total, block_size))
@@ -61,7 +63,8 @@ def generate(model: Model, prompt_ids: list[int], params: SamplingParams,
     history = TokenHistory.of(params, prompt_ids, out)  # reads `out` as it grows
     try:
         while True:
-            seq = _step_seq("r0", feed, past, table, params, len(out), history, constraint)
+            seq = _step_seq("r0", feed, past, table, params, len(out), history, constraint,
+                            adapter)
             token = int(run_chain(model, build_batch([seq], block_size, model.device), kv)[0])
             past += len(feed)
             out.append(token)

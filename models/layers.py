@@ -17,6 +17,7 @@ from models.batch import Batch
 from models.choices import LayerChoice
 from models.kv_cache import KVCache
 from models.linear import Linear
+from models.lora import LoraRows
 
 
 @dataclass(slots=True)
@@ -126,30 +127,47 @@ def pad_to(x: torch.Tensor, rows: int) -> torch.Tensor:
 
 def attention_block(x: torch.Tensor, w: LayerWeights, dims: AttnDims, cos: torch.Tensor,
                     sin: torch.Tensor, batch: Batch, kv: KVCache, layer: int,
-                    choice: LayerChoice) -> torch.Tensor:
+                    choice: LayerChoice, lora: LoraRows | None = None) -> torch.Tensor:
     # x: [R, D] (the layer's input; R >= T, rows past T padding) -> x + attention(norm(x))
     t = batch.slot_mapping.shape[0]
-    qkv = w.qkv(norm(x, w.input_norm, dims.eps, choice.norm_rope))  # [R, (H + 2*Hkv) * d]
+    y = norm(x, w.input_norm, dims.eps, choice.norm_rope)  # [R, D]
+    qkv = w.qkv(y)  # [R, (H + 2*Hkv) * d]
+    if lora is not None:
+        lora.add("qkv", layer, y, qkv)
     q, k, v = rope_and_write(qkv[:t], cos, sin, dims, kv, layer, batch.slot_mapping,
                              choice.norm_rope)
-    out = attn.attention(q, k, v, batch, kv, layer, choice)  # [T, H, d]
-    return w.o.add(pad_to(out, x.shape[0]).reshape(x.shape[0], -1), x)
+    out = pad_to(attn.attention(q, k, v, batch, kv, layer, choice), x.shape[0])  # [R, H, d]
+    h = w.o.add(out.reshape(x.shape[0], -1), x)  # [R, D]
+    if lora is not None:
+        lora.add("o", layer, out.reshape(x.shape[0], -1), h)
+    return h
 
 
-def mlp_block(h: torch.Tensor, w: LayerWeights, eps: float, choice: LayerChoice) -> torch.Tensor:
+def mlp_block(h: torch.Tensor, w: LayerWeights, eps: float, choice: LayerChoice,
+              layer: int = 0, lora: LoraRows | None = None) -> torch.Tensor:
     # h: [T, D] -> h + mlp(norm(h)): [T, D]
     y = norm(h, w.post_norm, eps, choice.norm_rope)
-    act = w.up.mul(y, w.gate.silu(y))  # [T, I]
-    return w.down.add(act, h)
+    if lora is not None and (lora.adapts("gate") or lora.adapts("up")):
+        # NOTE: the adapters' products go in before SiLU and the product: no fused epilogues
+        gate, up = w.gate(y), w.up(y)  # [T, I]
+        lora.add("gate", layer, y, gate)
+        lora.add("up", layer, y, up)
+        act = F.silu(gate).mul_(up)
+    else:
+        act = w.up.mul(y, w.gate.silu(y))  # [T, I]
+    out = w.down.add(act, h)
+    if lora is not None:
+        lora.add("down", layer, act, out)
+    return out
 
 
 def decoder_layer(x: torch.Tensor, w: LayerWeights, dims: AttnDims, cos: torch.Tensor,
                   sin: torch.Tensor, batch: Batch, kv: KVCache, layer: int,
-                  choice: LayerChoice) -> torch.Tensor:
-    # x: [T, D] -> [T, D]
+                  choice: LayerChoice, lora: LoraRows | None = None) -> torch.Tensor:
+    # x: [T, D] -> [T, D]; `lora`: the batch's adapter rows, None when it has none
     # NOTE: `x` may be another op's output, kept for retry: it is never written in place
-    h = attention_block(x, w, dims, cos, sin, batch, kv, layer, choice)
-    return mlp_block(h, w, dims.eps, choice)
+    h = attention_block(x, w, dims, cos, sin, batch, kv, layer, choice, lora)
+    return mlp_block(h, w, dims.eps, choice, layer, lora)
 
 
 def whole_layer_native(batch: Batch, w: LayerWeights, choice: LayerChoice) -> bool:

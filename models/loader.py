@@ -18,6 +18,7 @@ from models.config import ModelConfig, model_config, rope_inv_freq
 from models.kv_cache import KVCache
 from models.layers import AttnDims, LayerWeights
 from models.linear import Linear
+from models.lora import AdapterSet
 from models.ops import EmbedOp, HeadOp, LayerGroupOp, Op
 from models.steps import startup_step
 from models.template import GraphTemplate, OpKind, OpTemplate
@@ -43,6 +44,26 @@ class Model:
     ops: list[Op]
     kernels: KernelChoice = PORTABLE  # what the CPU operators run (`models.tuning`)
     _on_device: dict[str, list[Op]] = field(default_factory=dict, repr=False)
+    # its LoRA adapters, added and removed at run time; every layer op (and copy) reads them
+    adapters: AdapterSet = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.adapters = AdapterSet(self.lora_shapes(), self.config.num_layers, self.dtype)
+        for op in self.ops:
+            if isinstance(op, LayerGroupOp):
+                op.adapters = self.adapters
+
+    @property
+    def num_layers(self) -> int:
+        return self.config.num_layers
+
+    def lora_shapes(self) -> dict[str, tuple[int, int]]:
+        """(in, out) features of each linear an adapter may target (`models.lora`)."""
+        c = self.config
+        d, q, kv, i = c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, \
+            c.intermediate_size
+        return {"q": (d, q), "k": (d, kv), "v": (d, kv), "o": (q, d), "gate": (d, i),
+                "up": (d, i), "down": (i, d)}
 
     def ops_on(self, device: torch.device) -> list[Op]:
         """The operators with weights on `device` (CPU devices share the same tensors)."""

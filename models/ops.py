@@ -29,6 +29,7 @@ from models.layers import (
 )
 from models.linear import Linear
 from models.logprobs import HeadOutput, TokenLogprobs, chunks, prompt_rows, sampled_logprobs, scored
+from models.lora import AdapterError, AdapterSet, LoraRows
 from models.sampling import sample
 from models.template import OpTemplate
 
@@ -54,13 +55,25 @@ class LayerGroupOp:
     inv_freq: torch.Tensor  # [d/2] float32
     rope_scale: float
     layer: LayerChoice  # attention and norm kernels (`models.kernels` applies the choice)
+    adapters: AdapterSet | None = None  # the model's LoRA adapters (shared by every copy)
+
+    def _lora(self, batch: Batch, device: torch.device) -> LoraRows | None:
+        """The batch's adapter rows (resolved once per batch and device), None without."""
+        if not batch.has_adapters:
+            return None
+        if batch.lora is None:
+            if self.adapters is None:
+                raise AdapterError("this model serves no LoRA adapters")
+            batch.lora = self.adapters.rows(batch.seqs, device)
+        return batch.lora
 
     @torch.inference_mode()
     def run(self, batch: Batch, x: torch.Tensor | None, kv: KVCache | None) -> torch.Tensor:
         # x: [T, D] -> [T, D]
         assert x is not None and kv is not None
         cos, sin = rope_cos_sin(batch.positions, self.inv_freq, self.rope_scale, x.dtype)
-        whole = whole_layer_native(batch, self.layers[0], self.layer)
+        lora = self._lora(batch, x.device)
+        whole = lora is None and whole_layer_native(batch, self.layers[0], self.layer)
         t = x.shape[0]
         if not whole:  # NOTE: oneDNN builds a GEMM primitive per row count; padding bounds them
             x = pad_to(x, padded_rows(t, self.layer.pad_rows))
@@ -68,7 +81,8 @@ class LayerGroupOp:
             if whole:
                 x = native_decoder_layer(x, w, self.dims, cos, sin, batch, kv, layer)
             else:
-                x = decoder_layer(x, w, self.dims, cos, sin, batch, kv, layer, self.layer)
+                x = decoder_layer(x, w, self.dims, cos, sin, batch, kv, layer, self.layer,
+                                  lora)
         return x[:t]
 
     def to(self, device: torch.device) -> LayerGroupOp:

@@ -26,19 +26,23 @@ BlockKey = bytes  # sha256 digest of (parent key, salt, token ids of one full bl
 
 
 def block_keys(token_ids: Sequence[int], block_size: int, salt: str = "",
-               parents: Sequence[BlockKey] = ()) -> list[BlockKey]:
+               parents: Sequence[BlockKey] = (), adapter: str | None = None) -> list[BlockKey]:
     """Keys of the full blocks of `token_ids` after the `len(parents)` blocks already keyed.
 
     `parents` are the keys of the first blocks (as this function returned them); the result
-    continues that chain, so keys can be extended as a sequence grows."""
+    continues that chain, so keys can be extended as a sequence grows. A LoRA `adapter`
+    changes K/V, so its blocks key apart from the base model's and other adapters'."""
     keys: list[BlockKey] = []
     parent = parents[-1] if parents else b""
     salt_bytes = salt.encode()
+    # NOTE: after the block's fixed-width tokens, so no salt can spell an adapter's key
+    tail = b"" if adapter is None else (b"\x01" + len(adapter.encode()).to_bytes(4, "little")
+                                        + adapter.encode())
     start = len(parents) * block_size
     for begin in range(start, len(token_ids) - block_size + 1, block_size):
         h = hashlib.sha256(parent)
         h.update(len(salt_bytes).to_bytes(4, "little") + salt_bytes)
-        h.update(array("q", token_ids[begin:begin + block_size]).tobytes())
+        h.update(array("q", token_ids[begin:begin + block_size]).tobytes() + tail)
         parent = h.digest()
         keys.append(parent)
     return keys

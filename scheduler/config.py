@@ -55,6 +55,9 @@ class SchedulerConfig:
     kv_watermark: float = 0.01
     swap_space_bytes: int = 4 << 30  # host memory for preempted requests' KV (else recompute)
     kv_cache_bytes: int | None = None  # KV pool per device; None: what the budget leaves
+    # kept on every device for LoRA adapters added at run time (`models.lora`), before KV;
+    # adapters loaded before start-up take this much or their own size, whichever is larger
+    lora_reserve_bytes: int = 0
     # "on-demand": admission reserves a request's tokens so far and decode grows it;
     # "full": the old rule, prompt + max_tokens reserved at admission (kept to compare)
     kv_admission: str = "on-demand"
@@ -83,6 +86,8 @@ class SchedulerConfig:
             raise ValueError("kv_admission must be 'on-demand' or 'full'")
         if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:
             raise ValueError("kv_cache_bytes must be > 0")
+        if self.lora_reserve_bytes < 0:
+            raise ValueError("lora_reserve_bytes must be >= 0")
         if not 0 <= self.kv_watermark < 1 or self.swap_space_bytes < 0:
             raise ValueError("kv_watermark must be in [0, 1) and swap_space_bytes >= 0")
         if self.provisioning not in PROVISIONING:

@@ -25,6 +25,7 @@ from executors.types import Device, OpInstance, OpState, Priority
 from models.batch import BatchSource, SeqSpec, TokenHistory
 from models.loader import Model
 from models.logprobs import TokenLogprobs, unpack
+from models.lora import AdapterError
 from scheduler.api import (
     NO_DEVICE,
     DirectTiming,
@@ -143,7 +144,8 @@ class Scheduler(Components):
 
     # -- submit / abort --------------------------------------------------------------------
     def submit(self, request: Request) -> AsyncIterator[TokenEvent]:
-        """Queue a request; raises RequestTooLarge or Overloaded before any token."""
+        """Queue a request; raises RequestTooLarge, Overloaded or (an adapter that is not
+        loaded) AdapterError before any token."""
         self._check(request)
         state = RequestState(request, build_ieg(request, self.cfg.max_batch_tokens))
         self._enqueue(state)
@@ -170,6 +172,8 @@ class Scheduler(Components):
             raise RequestTooLarge(f"{total} tokens of KV can never fit in one device's cache")
         if request.request_id in self.states:
             raise ValueError(f"duplicate request id {request.request_id}")
+        if request.adapter is not None and request.adapter not in self.model.adapters:
+            raise AdapterError(f"adapter {request.adapter!r} is not loaded")
 
     def _enqueue(self, state: RequestState) -> None:
         """Queue a new request, shedding whom admission by work says (scheduler/core/admission.py);

@@ -45,6 +45,7 @@ tenants:
   - name: nightly
     api_keys: [sk-nightly-1]
     priority: low
+    budget: {daily_tokens: 1000000, monthly_tokens: 20000000}
 """
 
 

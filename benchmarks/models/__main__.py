@@ -1,13 +1,13 @@
-"""`python -m benchmarks.models chain|first-runs|compiled|grammar [--json FILE] ...`."""
+"""`python -m benchmarks.models chain|first-runs|compiled|grammar|lora [--json FILE] ...`."""
 
 from __future__ import annotations
 
 from benchmarks.harness import Bench, dispatch
-from benchmarks.models import chain, compiled, first_runs, grammar
+from benchmarks.models import chain, compiled, first_runs, grammar, lora
 
 BENCHES: dict[str, Bench] = {
     "chain": chain.main, "first-runs": first_runs.main, "compiled": compiled.main,
-    "grammar": grammar.main}
+    "grammar": grammar.main, "lora": lora.main}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -50,6 +50,8 @@ class Components:
         self.policy = make_policy(policy)
         self.estimator = estimator  # observe(op) / mape(), when online refit is on
         self.ledgers = {d.name: MemoryLedger(d.memory_bytes) for d in devices}
+        if any(d.node is not None for d in devices):  # NOTE: the actors load their own models
+            model.adapters.refuse("LoRA adapters are not supported on Ray executors yet")
         held = initial_holdings(self.cfg.provisioning, list(self.devices), len(model.template.ops))
         pools = (kv_pools(model, devices, self.ledgers, self.cfg)
                  if self.cfg.provisioning == "off"

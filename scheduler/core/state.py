@@ -131,7 +131,8 @@ class RequestState:
         full = min(num_tokens, self.num_tokens) // block_size
         if len(self._keys) < full:
             tokens = self.token_ids(0, full * block_size)
-            self._keys += block_keys(tokens, block_size, self._salt(), self._keys)
+            self._keys += block_keys(tokens, block_size, self._salt(), self._keys,
+                                     self.req.adapter)
         return self._keys[:full]
 
     def _salt(self) -> str:

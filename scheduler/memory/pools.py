@@ -23,6 +23,14 @@ def activation_reserve(model: Model, cfg: SchedulerConfig) -> int:
     return 2 * max(o.activation_bytes(s) for o in t.ops for s in (prefill, decode))
 
 
+def adapter_reserve(model: Model, cfg: SchedulerConfig) -> int:
+    """Bytes kept on each device for LoRA adapters: the configured reserve, or what the
+    adapters loaded already take when that is more. The model's adapter set is held to it."""
+    reserve = max(cfg.lora_reserve_bytes, model.adapters.memory_bytes())
+    model.adapters.limit(reserve)
+    return reserve
+
+
 def kv_pools(model: Model, devices: list[Device], ledgers: dict[str, MemoryLedger],
              cfg: SchedulerConfig) -> dict[str, KVCache]:
     """Reserve weights and activations on every device; the rest of its budget is KV."""
@@ -30,11 +38,16 @@ def kv_pools(model: Model, devices: list[Device], ledgers: dict[str, MemoryLedge
     per_block = KVCache.bytes_per_block(c.num_layers, cfg.block_size, c.num_kv_heads,
                                         c.head_dim, model.dtype)
     reserve = activation_reserve(model, cfg)
+    adapters = adapter_reserve(model, cfg)
     pools: dict[str, KVCache] = {}
     for d in devices:
         ledger = ledgers[d.name]
         # NOTE: virtual CPU devices share one copy of the weights but each counts it, as GPUs do
         ledger.reserve("weights", model.template.weight_bytes)
+        if not ledger.try_reserve("adapters", adapters):
+            raise ValueError(f"{d.name}: {d.memory_bytes / 2**30:.2f} GiB holds "
+                             f"{model.template.weight_bytes / 2**30:.2f} GiB of weights; the "
+                             f"LoRA reserve of {adapters / 2**30:.2f} GiB does not fit")
         room = ledger.free_bytes - reserve
         num_blocks = min(room, cfg.kv_cache_bytes or room) // per_block
         if num_blocks < 1:

@@ -26,7 +26,7 @@ from models.kv_cache import BlockAllocator, KVCache
 from models.loader import Model
 from models.template import GraphTemplate
 from scheduler.config import SchedulerConfig
-from scheduler.memory.pools import activation_reserve
+from scheduler.memory.pools import activation_reserve, adapter_reserve
 
 Holders = tuple[frozenset[str], ...]  # op index -> devices whose replica takes new work
 
@@ -239,11 +239,13 @@ def limited_pools(model: Model, devices: list[Device], ledgers: Mapping[str, Mem
     per_block = KVCache.bytes_per_block(c.num_layers, cfg.block_size, c.num_kv_heads,
                                         c.head_dim, model.dtype)
     reserve = activation_reserve(model, cfg)
+    adapters = adapter_reserve(model, cfg)
     pools = {}
     for d in devices:
         ledger = ledgers[d.name]
         ledger.reserve("weights", sum(t.ops[i].weight_bytes for i in held.get(d.name, ())))
-        storage = (d.memory_bytes - reserve) // per_block
+        ledger.reserve("adapters", adapters)
+        storage = (d.memory_bytes - reserve - adapters) // per_block
         usable = (ledger.free_bytes - reserve) // per_block
         if cfg.kv_cache_bytes is not None:
             storage = usable = min(usable, cfg.kv_cache_bytes // per_block)

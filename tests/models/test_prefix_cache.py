@@ -21,6 +21,8 @@ def test_keys_chain_over_full_blocks_and_extend():
     assert block_keys([7] + tokens[1:], BS)[1] != keys[1]
     assert block_keys(tokens, BS, salt="a") != keys
     assert block_keys(tokens, BS, salt="a") != block_keys(tokens, BS, salt="b")
+    by_adapter = {block_keys(tokens, BS, adapter=a)[1] for a in (None, "a", "b", "")}
+    assert len(by_adapter) == 4 and keys[1] in by_adapter  # None is the base model's keys
 
 
 def _cache(num_blocks: int = 8) -> CachingAllocator:
