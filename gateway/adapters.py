@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import threading
 from dataclasses import dataclass
 from typing import Protocol
@@ -22,6 +23,9 @@ from typing import Protocol
 from gateway.errors import ApiError, clip
 
 logger = logging.getLogger("gateway")
+
+ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}")  # fits a `model` as is
+NAME_RULE = "1 to 128 letters, digits or . _ : / @ + -, starting with a letter or digit"
 
 
 class AdapterHost(Protocol):

@@ -10,12 +10,12 @@ on an unloaded adapter finish on it (`gateway.adapters`).
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from fastapi import APIRouter, Request
 from starlette.responses import PlainTextResponse, Response
 
+from gateway.adapters import ADAPTER_NAME, NAME_RULE
 from gateway.errors import clip, invalid
 from gateway.protocol import parse_json
 from gateway.state import state_of
@@ -23,7 +23,6 @@ from gateway.tenants import authorize_admin
 
 router = APIRouter()
 
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}")  # fits a `model` field as is
 
 
 def _string(body: dict[str, Any], key: str) -> str:
@@ -35,9 +34,8 @@ def _string(body: dict[str, Any], key: str) -> str:
 
 def _adapter_name(body: dict[str, Any]) -> str:
     name = _string(body, "lora_name")
-    if not _NAME.fullmatch(name):
-        raise invalid("lora_name", f"Invalid 'lora_name' {clip(name)}: 1 to 128 letters, "
-                                   "digits or . _ : / @ + -, starting with a letter or digit.")
+    if not ADAPTER_NAME.fullmatch(name):
+        raise invalid("lora_name", f"Invalid 'lora_name' {clip(name)}: {NAME_RULE}.")
     return name
 
 
