@@ -11,6 +11,8 @@ import httpx
 import openai
 import pytest
 
+from gateway.config import load_config
+from gateway.engine import build_engine
 from tests.gateway.harness import (
     EngineFactory,
     FakeAdapterHost,
@@ -19,6 +21,7 @@ from tests.gateway.harness import (
     live_server,
     with_adapters,
 )
+from tests.models.peft_ref import ALL, greedy, make_adapter, reference_model
 
 ADMIN = {"authorization": "Bearer sk-admin-1"}
 UNLOAD = "/v1/unload_lora_adapter"
@@ -61,3 +64,52 @@ def test_unload_waits_for_streams_in_flight(make_engine: EngineFactory, tmp_path
             t.join(timeout=30)
         assert errors == [] and len(texts) == 2 and all(texts)
         assert host.removed == ["sql"] and engine.adapters.in_flight("sql") == 0
+
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):"]
+
+
+@pytest.fixture(scope="module")
+def peft_adapters(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+                  ) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("adapters")
+    return {"all": make_adapter(default_model_dir, root / "all", ALL, 8, 16, seed=1,
+                                scale=0.5),
+            "qv": make_adapter(default_model_dir, root / "qv", ["q_proj", "v_proj"], 16, 32,
+                               seed=2, scale=0.5)}
+
+
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing`:FutureWarning")
+def test_adapters_through_the_server_equal_transformers_and_peft(
+        default_model_dir: Path, peft_adapters: dict[str, Path]) -> None:
+    """One adapter named at start-up, one loaded at run time: through the official client,
+    greedy text of each (and of the base) equals transformers + peft in fp32."""
+    config = load_config(None, {"model.spec": "default", "model.dtype": "float32",
+                                "scheduler.devices": "cpu:0", "model.lora_reserve_gib": 0.05,
+                                "model.lora": {"all": str(peft_adapters["all"])}})
+    engine = build_engine(config)
+    tokenizer = engine.tokenizer
+    with live_server(config, engine) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        r = httpx.post(server.url + "/v1/load_lora_adapter",
+                       json={"lora_name": "qv", "lora_path": str(peft_adapters["qv"])})
+        assert r.status_code == 200, r.text
+        models = {m.id: m for m in client.models.list()}
+        assert set(models) == {engine.served_model_name, "all", "qv"}
+        assert models["qv"].model_extra == {"root": str(peft_adapters["qv"]),
+                                            "parent": engine.served_model_name,
+                                            "max_model_len": engine.max_model_len}
+        texts: dict[str | None, list[str]] = {}
+        for name in (None, "all", "qv"):
+            ref = reference_model(default_model_dir, None if name is None
+                                  else peft_adapters[name])
+            for prompt in PROMPTS:
+                ids = tokenizer.encode(prompt)
+                want = tokenizer.decode(greedy(ref, ids, 8), skip_special_tokens=True)
+                got = client.completions.create(
+                    model=name or engine.served_model_name, prompt=prompt, max_tokens=8,
+                    temperature=0, extra_body={"ignore_eos": True})
+                assert got.model == (name or engine.served_model_name)
+                assert got.choices[0].text == want, (name, prompt)
+                texts.setdefault(name, []).append(want)
+        assert texts["all"] != texts[None] and texts["qv"] != texts[None]  # they change tokens
