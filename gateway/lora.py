@@ -29,7 +29,11 @@ class ModelAdapters:
         self.model = model
 
     def add(self, name: str, path: str) -> None:
-        self.model.adapters.add(load_peft_adapter(name, path, self.model))
+        try:
+            adapter = load_peft_adapter(name, path, self.model)
+        except OSError as exc:  # NOTE: an unreadable folder is the caller's problem, a 400
+            raise ValueError(f"adapter {name!r}: {path} does not read: {exc}") from None
+        self.model.adapters.add(adapter)
 
     def remove(self, name: str) -> None:
         self.model.adapters.remove(name)
