@@ -3,7 +3,10 @@
 `Adapters` keeps, per adapter, its folder and how many requests run on it.
 Unloading an adapter hides it at once (new requests on it get 404), but its
 weights leave the model only when the last request in flight on it ends: a
-request holds an `AdapterLease` from admission to `Job.finish`.
+request holds an `AdapterLease` from admission to `Job.finish`. NOTE: a job can
+end before the scheduler has let go of its requests (an aborted request whose
+plan, shared with others, is still running); the removal then waits until the
+host is no longer `busy` with it, checked at the registry's next call.
 
 The model side (reading a PEFT folder, the adapters' memory, running their rows
 in a batch) is behind `AdapterHost`; `gateway/lora.py` wires it to a loaded
@@ -38,6 +41,10 @@ class AdapterHost(Protocol):
     def remove(self, name: str) -> None:
         """Stop serving `name` and free its memory."""
 
+    def busy(self, name: str) -> bool:
+        """Whether the scheduler still holds a request on `name` (an aborted one whose plan
+        is still in flight, say): its removal waits."""
+
 
 class NoAdapters:
     """The host of a server that runs no adapters (e.g. a fake scheduler, a Ray cluster)."""
@@ -50,6 +57,9 @@ class NoAdapters:
 
     def remove(self, name: str) -> None:
         raise ValueError(f"no adapter named {name!r} is loaded")
+
+    def busy(self, name: str) -> bool:
+        return False
 
 
 @dataclass(slots=True)
@@ -86,9 +96,11 @@ class Adapters:
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry] = {}
         self._loading: set[str] = set()
+        self._pending: set[str] = set()  # unloaded, released, but the scheduler still busy
 
     def served(self) -> dict[str, str]:
         """name -> folder of the adapters requests may name now, in load order."""
+        self._sweep()
         with self._lock:
             return {n: e.path for n, e in self._entries.items() if not e.unloading}
 
@@ -110,6 +122,7 @@ class Adapters:
         `model_not_found` when it is not served (any more)."""
         if name is None:
             return AdapterLease(None, None)
+        self._sweep()
         with self._lock:
             entry = self._entries.get(name)
             if entry is None or entry.unloading:
@@ -133,6 +146,7 @@ class Adapters:
     def load_now(self, name: str, path: str) -> None:
         """Load adapter `name` from folder `path` (blocking); ApiError 400 when the name is
         taken or the folder is not an adapter of the base model."""
+        self._sweep()
         with self._lock:
             self._check_free(name)
             self._loading.add(name)
@@ -155,6 +169,7 @@ class Adapters:
     def unload(self, name: str) -> int:
         """Hide adapter `name` from new requests; it is removed now, or when the last of its
         requests in flight ends. Returns how many are still in flight; 404 when unknown."""
+        self._sweep()
         with self._lock:
             entry = self._entries.get(name)
             if entry is None or entry.unloading:
@@ -176,6 +191,11 @@ class Adapters:
             raise ApiError(400, f"The LoRA adapter name {clip(name)} is the base model's name.",
                            param="lora_name", code="invalid_lora_adapter")
         entry = self._entries.get(name)
+        if name in self._pending:
+            raise ApiError(409, f"The LoRA adapter {clip(name)} is being unloaded: the "
+                                "scheduler has not let go of its last request yet.",
+                           param="lora_name", code="lora_adapter_unloading",
+                           type="invalid_request_error")
         if name in self._loading or (entry is not None and not entry.unloading):
             raise ApiError(400, f"The LoRA adapter {clip(name)} has already been loaded.",
                            param="lora_name", code="lora_adapter_exists")
@@ -185,8 +205,22 @@ class Adapters:
                            param="lora_name", code="lora_adapter_unloading",
                            type="invalid_request_error")
 
+    def _sweep(self) -> None:
+        """Remove the pending adapters the scheduler has let go of."""
+        if not self._pending:
+            return
+        with self._lock:
+            pending, self._pending = self._pending, set()
+        for name in pending:
+            self._remove(name)
+
     def _remove(self, name: str) -> None:
+        """Remove `name` from the host now, or keep it pending while the host is busy."""
         try:
+            if self.host.busy(name):
+                with self._lock:
+                    self._pending.add(name)
+                return
             self.host.remove(name)
         except Exception:  # NOTE: never fail the request whose end triggered it
             logger.exception("removing LoRA adapter %r from the model failed", name)

@@ -194,14 +194,15 @@ def build_engine(config: GatewayConfig) -> Engine:
     threads = config.scheduler.cpu_threads or cpu_threads(sum(d.kind == "cpu" for d in devices))
     model = load(config.model.spec, dtype=config.model.dtype, threads=threads)
     # NOTE: before the scheduler, whose memory reserve for adapters counts those loaded
-    adapters = startup_adapters(ModelAdapters(model), config.model.lora,
-                                base_names(model, config))
+    host = ModelAdapters(model)
+    adapters = startup_adapters(host, config.model.lora, base_names(model, config))
     cfg = scheduler_config(config.scheduler, _max_len(model, config),
                            config.model.lora_reserve_gib)
     # NOTE: the warm-up runs before profiling, which it would slow
     warm = warm_rows(model, threads) if any(d.kind == "cpu" for d in devices) else None
     factory = local_executors(threads, config.scheduler.fault_rate, warm)
     sched = build_scheduler(model, devices, cfg, executor_factory=factory, threads=threads)
+    host.watch(sched)
     return engine_for_model(model, sched, config, adapters)
 
 

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 from gateway.adapters import Adapters, NoAdapters
 from gateway.errors import ApiError
 from models.lora import load_peft_adapter
+from scheduler.api import SchedulerAPI
+from scheduler.scheduler import Scheduler
 
 if TYPE_CHECKING:
     from models import Model
@@ -27,6 +29,14 @@ class ModelAdapters:
 
     def __init__(self, model: Model) -> None:
         self.model = model
+        self.scheduler: Scheduler | None = None  # set once built (`watch`)
+
+    def watch(self, scheduler: SchedulerAPI) -> None:
+        """Ask `scheduler` (when it is the local one) whether it still runs an adapter."""
+        self.scheduler = scheduler if isinstance(scheduler, Scheduler) else None
+
+    def busy(self, name: str) -> bool:
+        return self.scheduler is not None and self.scheduler.requests_on_adapter(name) > 0
 
     def add(self, name: str, path: str) -> None:
         try:

@@ -169,6 +169,7 @@ class FakeAdapterHost:
     def __init__(self) -> None:
         self.loaded: dict[str, str] = {}
         self.removed: list[str] = []
+        self.busy_names: set[str] = set()  # adapters the "scheduler" still runs
 
     def add(self, name: str, path: str) -> None:
         if not (Path(path) / "adapter_config.json").is_file():
@@ -178,6 +179,9 @@ class FakeAdapterHost:
     def remove(self, name: str) -> None:
         del self.loaded[name]
         self.removed.append(name)
+
+    def busy(self, name: str) -> bool:
+        return name in self.busy_names
 
 
 def with_adapters(engine: Engine, host: FakeAdapterHost,

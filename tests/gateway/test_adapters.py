@@ -93,3 +93,21 @@ def test_without_a_host_no_adapter_loads(tmp_path: Path) -> None:
     with pytest.raises(ApiError) as refused:
         Adapters().load_now("sql", str(adapter_folder(tmp_path / "sql")))
     assert "serves no LoRA adapters" in refused.value.message
+
+
+def test_removal_waits_while_the_scheduler_still_runs_the_adapter(
+        adapters: Adapters, host: FakeAdapterHost, tmp_path: Path) -> None:
+    """A job can end before the scheduler lets go of its request (an abort in a shared
+    plan): the adapter leaves the model at the registry's first call after that."""
+    lease = adapters.acquire("sql")
+    adapters.unload("sql")
+    host.busy_names.add("sql")
+    lease.release()
+    assert host.removed == [] and adapters.served() == {}
+    with pytest.raises(ApiError) as busy:
+        adapters.load_now("sql", str(tmp_path / "sql"))
+    assert busy.value.status == 409
+    host.busy_names.clear()
+    assert adapters.served() == {} and host.removed == ["sql"]
+    adapters.load_now("sql", str(tmp_path / "sql"))
+    assert "sql" in adapters

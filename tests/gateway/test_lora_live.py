@@ -13,6 +13,8 @@ import pytest
 
 from gateway.config import load_config
 from gateway.engine import build_engine
+from gateway.lora import ModelAdapters
+from scheduler.scheduler import Scheduler
 from tests.gateway.harness import (
     EngineFactory,
     FakeAdapterHost,
@@ -113,3 +115,10 @@ def test_adapters_through_the_server_equal_transformers_and_peft(
                 assert got.choices[0].text == want, (name, prompt)
                 texts.setdefault(name, []).append(want)
         assert texts["all"] != texts[None] and texts["qv"] != texts[None]  # they change tokens
+        r = httpx.post(server.url + "/v1/unload_lora_adapter", json={"lora_name": "qv"})
+        assert r.status_code == 200, r.text
+        assert [m.id for m in client.models.list()] == [engine.served_model_name, "all"]
+        host = engine.adapters.host
+        assert isinstance(host, ModelAdapters) and host.model.adapters.names() == ["all"]
+        assert isinstance(engine.scheduler, Scheduler)
+        assert engine.scheduler.requests_on_adapter("all") == 0
