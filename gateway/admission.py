@@ -106,7 +106,8 @@ def build_job(admission: Admission, tenant: Tenant, priority: Priority,
     (W3C `traceparent`, `tracestate`) and its scheduler requests record their plans."""
     engine, quotas = admission.engine, admission.quotas
     max_tokens = [resolve_max_tokens(options, len(p), engine.max_model_len, chat,
-                                     engine.sampling_defaults.max_tokens) for p in prompts]
+                                     engine.sampling_defaults.max_tokens, engine.context_note)
+                  for p in prompts]
     prompt_tokens = sum(len(p) for p in prompts)
     max_tokens = admission.budgets.plan(tenant, prompt_tokens, max_tokens, options.n)
     pieces = None if options.logprobs is None else TokenPieces(engine.tokenizer)

@@ -15,6 +15,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from executors.types import Priority
 from gateway.cluster import ray_scheduler
 from gateway.config import GatewayConfig, SchedulerSettings
+from gateway.context import context_limit
 from gateway.errors import ApiError, clip
 from gateway.fim import Fim, resolve_fim
 from gateway.sampling_defaults import SamplingDefaults, load_sampling_defaults
@@ -25,6 +26,7 @@ from models.warmup import warm_rows
 from scheduler.api import SchedulerAPI
 from scheduler.config import SchedulerConfig
 from scheduler.factory import build_scheduler, cpu_threads, local_executors, parse_devices
+from scheduler.scheduler import Scheduler
 
 if TYPE_CHECKING:
     from models import Model
@@ -52,6 +54,7 @@ class Engine:
     grammars: Grammars | None = None  # structured output; None: its fields are refused
     tool_format: CallFormat = KNOWN_FORMATS[DEFAULT_FORMAT]  # how its tool calls are read
     prefix_caching: bool = True  # the scheduler's; `n` choices then share one prefill
+    context_note: str = ""  # why max_model_len is below the model's, for the 400s naming it
     created: int = field(default_factory=lambda: int(time.time()))  # unix s, for /v1/models
 
     def __post_init__(self) -> None:
@@ -167,8 +170,8 @@ def build_engine(config: GatewayConfig) -> Engine:
     if config.scheduler.ray_address is not None:
         model = load(config.model.spec, dtype=config.model.dtype, threads=cpu_threads(1))
         cfg = scheduler_config(config.scheduler, _max_len(model, config))
-        return engine_for_model(model, ray_scheduler(model, config, cfg,
-                                                     device_memory_gib(config)), config)
+        return _capped(model, ray_scheduler(model, config, cfg, device_memory_gib(config)),
+                       config)
     devices = parse_devices(list(config.scheduler.devices), device_memory_gib(config))
     # NOTE: kernels are chosen and operators profiled for the intra-op threads the CPU
     # executors will run on
@@ -179,7 +182,21 @@ def build_engine(config: GatewayConfig) -> Engine:
     warm = warm_rows(model, threads) if any(d.kind == "cpu" for d in devices) else None
     factory = local_executors(threads, config.scheduler.fault_rate, warm)
     sched = build_scheduler(model, devices, cfg, executor_factory=factory, threads=threads)
-    return engine_for_model(model, sched, config)
+    return _capped(model, sched, config)
+
+
+def _capped(model: Model, sched: Scheduler, config: GatewayConfig) -> Engine:
+    """The engine over `sched`, its context capped to what one device's KV holds
+    (gateway/context.py)."""
+    engine = engine_for_model(model, sched, config)
+    s = config.scheduler
+    memory = f"--device-memory-gib {device_memory_gib(config):g}" + (
+        f" and --kv-cache-gib {s.kv_cache_gib:g}" if s.kv_cache_gib is not None else "")
+    limit = context_limit(engine.max_model_len, config.model.max_model_len is not None,
+                          sched.kv_fit_tokens, memory)
+    sched.limit_context(limit.max_model_len)
+    return dataclasses.replace(engine, max_model_len=limit.max_model_len,
+                               context_note=limit.note)
 
 
 def _max_len(model: Model, config: GatewayConfig) -> int:
