@@ -127,7 +127,8 @@ def _admit(admission: Admission, tenant: Tenant, priority: Priority,
            trace_headers: Mapping[str, str] | None, adapter: AdapterLease) -> Job:
     engine, quotas = admission.engine, admission.quotas
     max_tokens = [resolve_max_tokens(options, len(p), engine.max_model_len, chat,
-                                     engine.sampling_defaults.max_tokens) for p in prompts]
+                                     engine.sampling_defaults.max_tokens, engine.context_note)
+                  for p in prompts]
     prompt_tokens = sum(len(p) for p in prompts)
     max_tokens = admission.budgets.plan(tenant, prompt_tokens, max_tokens, options.n)
     pieces = None if options.logprobs is None else TokenPieces(engine.tokenizer)

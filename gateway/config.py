@@ -170,9 +170,11 @@ class ModelSettings:
         _require(isinstance(self.generation_config, str) and bool(self.generation_config),
                  "model.generation_config", "'auto', 'none' or a folder")
         _require(self.dtype in DTYPES, "model.dtype", f"one of {', '.join(DTYPES)}")
+        # NOTE: 2 at least: a prompt token and room for one more (gateway/context.py caps it
+        # further to what one device's KV holds)
         _require(self.max_model_len is None or (isinstance(self.max_model_len, int)
-                                                and self.max_model_len >= 1),
-                 "model.max_model_len", "a positive integer")
+                                                and self.max_model_len >= 2),
+                 "model.max_model_len", "an integer >= 2")
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ from executors.types import Priority
 from gateway.adapters import Adapters, NoAdapters, not_found
 from gateway.cluster import ray_scheduler
 from gateway.config import GatewayConfig, SchedulerSettings
+from gateway.context import context_limit
 from gateway.fim import Fim, resolve_fim
 from gateway.lora import ModelAdapters, startup_adapters
 from gateway.sampling_defaults import SamplingDefaults, load_sampling_defaults
@@ -26,6 +27,7 @@ from models.warmup import warm_rows
 from scheduler.api import SchedulerAPI
 from scheduler.config import SchedulerConfig
 from scheduler.factory import build_scheduler, cpu_threads, local_executors, parse_devices
+from scheduler.scheduler import Scheduler
 
 if TYPE_CHECKING:
     from models import Model
@@ -53,6 +55,7 @@ class Engine:
     grammars: Grammars | None = None  # structured output; None: its fields are refused
     tool_format: CallFormat = KNOWN_FORMATS[DEFAULT_FORMAT]  # how its tool calls are read
     prefix_caching: bool = True  # the scheduler's; `n` choices then share one prefill
+    context_note: str = ""  # why max_model_len is below the model's, for the 400s naming it
     created: int = field(default_factory=lambda: int(time.time()))  # unix s, for /v1/models
     adapters: Adapters = field(default_factory=Adapters)  # LoRA adapters, by name (mutable)
     root: str = ""  # where the weights came from (/v1/models `root`, as vLLM's)
@@ -185,9 +188,8 @@ def build_engine(config: GatewayConfig) -> Engine:
                                                "executors yet"), config.model.lora,
                                     base_names(model, config))
         cfg = scheduler_config(config.scheduler, _max_len(model, config))
-        return engine_for_model(model, ray_scheduler(model, config, cfg,
-                                                     device_memory_gib(config)), config,
-                                adapters)
+        return _capped(model, ray_scheduler(model, config, cfg, device_memory_gib(config)),
+                       config, adapters)
     devices = parse_devices(list(config.scheduler.devices), device_memory_gib(config))
     # NOTE: kernels are chosen and operators profiled for the intra-op threads the CPU
     # executors will run on
@@ -203,7 +205,22 @@ def build_engine(config: GatewayConfig) -> Engine:
     factory = local_executors(threads, config.scheduler.fault_rate, warm)
     sched = build_scheduler(model, devices, cfg, executor_factory=factory, threads=threads)
     host.watch(sched)
-    return engine_for_model(model, sched, config, adapters)
+    return _capped(model, sched, config, adapters)
+
+
+def _capped(model: Model, sched: Scheduler, config: GatewayConfig,
+            adapters: Adapters) -> Engine:
+    """The engine over `sched`, its context capped to what one device's KV holds
+    (gateway/context.py)."""
+    engine = engine_for_model(model, sched, config, adapters)
+    s = config.scheduler
+    memory = f"--device-memory-gib {device_memory_gib(config):g}" + (
+        f" and --kv-cache-gib {s.kv_cache_gib:g}" if s.kv_cache_gib is not None else "")
+    limit = context_limit(engine.max_model_len, config.model.max_model_len is not None,
+                          sched.kv_fit_tokens, memory)
+    sched.limit_context(limit.max_model_len)
+    return dataclasses.replace(engine, max_model_len=limit.max_model_len,
+                               context_note=limit.note)
 
 
 def _max_len(model: Model, config: GatewayConfig) -> int:

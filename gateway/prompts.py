@@ -93,15 +93,16 @@ def tokenize_chat(engine: Engine, messages: tuple[ChatMessage, ...], *,
 
 
 def resolve_max_tokens(options: GenerationOptions, num_prompt_tokens: int, max_model_len: int,
-                       chat: bool, default: int | None = None) -> int:
+                       chat: bool, default: int | None = None, note: str = "") -> int:
     """The request's max_tokens: explicit, else `default` (the model's max_new_tokens), else
-    the endpoint's (16 for completions, the rest of the context for chat); 400 past the context.
+    the endpoint's (16 for completions, the rest of the context for chat); 400 past the context
+    (`note`: why the context is what it is, `Engine.context_note`).
     """
     prompt_param = "messages" if chat else "prompt"
     room = max_model_len - num_prompt_tokens
     if room < 1:
         raise invalid(prompt_param, f"This model's maximum context length is {max_model_len} "
-                                    f"tokens. However, your prompt has {num_prompt_tokens} "
+                                    f"tokens{note}. However, your prompt has {num_prompt_tokens} "
                                     "tokens, which leaves no room for a completion. Please "
                                     "shorten it.", code="context_length_exceeded")
     if options.max_tokens is None:
@@ -109,7 +110,7 @@ def resolve_max_tokens(options: GenerationOptions, num_prompt_tokens: int, max_m
         max_tokens = min(default or endpoint_default, room)
     elif options.max_tokens > room:
         raise invalid("max_tokens", f"This model's maximum context length is {max_model_len} "
-                                    f"tokens. However, you requested "
+                                    f"tokens{note}. However, you requested "
                                     f"{num_prompt_tokens + options.max_tokens} tokens "
                                     f"({num_prompt_tokens} in the {prompt_param}, "
                                     f"{options.max_tokens} in the completion). Please reduce "

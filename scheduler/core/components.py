@@ -7,6 +7,7 @@ the provisioner (scheduler/provisioning/provisioner.py) and the stats
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -87,3 +88,15 @@ class Components:
     @property
     def states(self) -> dict[str, RequestState]:
         return self.requests.states
+
+    @property
+    def kv_fit_tokens(self) -> int:
+        """The longest context (prompt + output tokens) one request's KV can hold here."""
+        return self.kv.max_request_tokens(self.cfg.kv_watermark)
+
+    def limit_context(self, max_model_len: int) -> None:
+        """Accept requests of at most `max_model_len` tokens (prompt + max_tokens); at most
+        `kv_fit_tokens`, which a start-up cap (gateway/context.py) sets it to."""
+        if not 2 <= max_model_len <= self.kv_fit_tokens:
+            raise ValueError(f"max_model_len must be in [2, {self.kv_fit_tokens}]")
+        self.cfg = dataclasses.replace(self.cfg, max_model_len=max_model_len)

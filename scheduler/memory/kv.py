@@ -82,6 +82,15 @@ class KVManager:
         return any(self.blocks_needed(d, num_tokens) <= p.allocator.num_blocks
                    for d, p in self.pools.items())
 
+    def max_request_tokens(self, watermark: float) -> int:
+        """The most tokens (prompt + output) one request's KV can ever reach: the largest
+        pool's blocks above its admission watermark (`SchedulerConfig.kv_watermark`).
+
+        NOTE: a preempted request is admitted again with every token it has, and admission
+        leaves the watermark free, so a request longer than this could never resume."""
+        return max((p.allocator.num_blocks - int(watermark * p.allocator.num_blocks))
+                   * p.block_size for p in self.pools.values())
+
     def reserve(self, request_id: str, devices: set[str], num_tokens: int) -> Reservation:
         """Blocks for `num_tokens` tokens on every device: the ones `pin` took first, then new."""
         if request_id in self.reservations:

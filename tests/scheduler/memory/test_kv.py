@@ -85,3 +85,11 @@ def test_migration_gathers_the_layers_onto_one_device_and_frees_the_other() -> N
         assert _read(kv.pools["cpu:1"], r.tables["cpu:1"], layer, 7) == want[layer]
     assert torch.equal(kv.pools["cpu:1"].values[0][0, r.tables["cpu:1"][0], 0],
                        torch.full((16,), -0.5))
+
+
+def test_the_longest_request_is_the_largest_pool_above_its_watermark() -> None:
+    pools = {"cpu:0": MODEL.new_kv_cache(200, 4), "cpu:1": MODEL.new_kv_cache(50, 4)}
+    kv = KVManager(pools, 0)
+    assert kv.max_request_tokens(0.0) == 200 * 4
+    assert kv.max_request_tokens(0.01) == (200 - 2) * 4  # admission leaves 2 blocks free
+    assert kv.can_ever_fit(kv.max_request_tokens(0.01))
