@@ -21,6 +21,7 @@ from gateway.config import (
 from gateway.engine import build_engine
 from gateway.fim import KNOWN_FIM
 from gateway.logs import LOG_FORMATS, LOG_LEVELS, configure_logging
+from gateway.lora import AdapterStartupError
 from gateway.server import serve
 from gateway.tenants import TenantsFileError
 from gateway.tools.formats import KNOWN_FORMATS
@@ -34,7 +35,7 @@ _OVERRIDES = {
     "model": "model.spec", "served_model_name": "model.served_model_name",
     "dtype": "model.dtype", "max_model_len": "model.max_model_len",
     "generation_config": "model.generation_config", "fim": "model.fim",
-    "tool_parser": "model.tool_parser",
+    "tool_parser": "model.tool_parser", "lora_reserve_gib": "model.lora_reserve_gib",
     "devices": "scheduler.devices", "device_memory_gib": "scheduler.device_memory_gib",
     "cpu_threads": "scheduler.cpu_threads",
     "policy": "scheduler.policy", "kv_cache_gib": "scheduler.kv_cache_gib",
@@ -77,6 +78,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--tool-parser", choices=("auto", *KNOWN_FORMATS),
                    help="how tool calls are read from the output: from the chat template and "
                         "vocabulary (auto, the default) or a format")
+    s.add_argument("--lora", action="append", metavar="NAME=PATH",
+                   help="serve the PEFT LoRA adapter in folder PATH as model NAME (repeat it; "
+                        "docs/lora.md)")
+    s.add_argument("--lora-modules", nargs="+", action="extend", metavar="NAME=PATH",
+                   help="vLLM's spelling of --lora: NAME=PATH ... (or its JSON form)")
+    s.add_argument("--lora-reserve-gib", type=float,
+                   help="memory kept on each device for adapters loaded at run time "
+                        "(POST /v1/load_lora_adapter); default 0")
     s.add_argument("--devices", help="e.g. cuda:0,cuda:1 (default: every GPU, else cpu:0,cpu:1);"
                                      " with --ray-address NODE/cpu:0,NODE/cuda:0 (NODE: an IP "
                                      "address, node id or custom resource) or ray:all (default)")
@@ -132,6 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
     overrides: dict[str, Any] = {key: getattr(args, dest) for dest, key in _OVERRIDES.items()
                                  if getattr(args, dest) is not None}
+    if args.lora or args.lora_modules:  # NOTE: flags replace the config file's adapters
+        overrides["model.lora"] = [*(args.lora or ()), *(args.lora_modules or ())]
     if args.ray_address is not None and args.devices is None:
         overrides["scheduler.devices"] = "ray:all"  # NOTE: a cluster's default: all of it
     return load_config(args.config, overrides)
@@ -157,6 +168,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     keep_threads(1)
     try:
         engine = build_engine(config)
+    except AdapterStartupError as exc:  # like a bad flag: the adapter named is at fault
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except (ValueError, OSError) as exc:  # a bad model spec, device list or budget
         print(f"error: {exc}", file=sys.stderr)
         return 1

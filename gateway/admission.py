@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from executors.types import Priority
+from gateway.adapters import AdapterLease
 from gateway.engine import Engine
 from gateway.errors import ApiError, invalid
 from gateway.generation import Generation, merge
@@ -23,6 +24,7 @@ from gateway.prompts import resolve_max_tokens
 from gateway.protocol import GenerationOptions
 from gateway.quotas import Quotas
 from gateway.responses import ResponseFormat
+from gateway.served import Target, resolve_model
 from gateway.structured import constraint_for
 from gateway.tenancy.ledger import BudgetLedger
 from gateway.tenants import Tenant
@@ -103,7 +105,26 @@ def build_job(admission: Admission, tenant: Tenant, priority: Priority,
 
     With `tools` whose calls are read, the choices' text is parsed for calls by the
     served model's format. With tracing on, the job's span continues `trace_headers`
-    (W3C `traceparent`, `tracestate`) and its scheduler requests record their plans."""
+    (W3C `traceparent`, `tracestate`) and its scheduler requests record their plans.
+    Its `model` picks the base or a LoRA adapter (404 / 403), which the job holds until
+    it finishes, so that an unloaded adapter stays until its last request ends."""
+    target = resolve_model(admission.engine, tenant, options.model)
+    adapter = admission.engine.adapters.acquire(target.adapter)
+    try:
+        return _admit(admission, tenant, priority, options, prompts, chat, target,
+                      request_id=request_id, arrival=arrival, ttft_slo_s=ttft_slo_s,
+                      tools=tools, origin=origin, trace_headers=trace_headers,
+                      adapter=adapter)
+    except BaseException:
+        adapter.release()
+        raise
+
+
+def _admit(admission: Admission, tenant: Tenant, priority: Priority,
+           options: GenerationOptions, prompts: list[list[int]], chat: bool, target: Target,
+           *, request_id: str, arrival: float, ttft_slo_s: float | None,
+           tools: ToolRequest | None, origin: str,
+           trace_headers: Mapping[str, str] | None, adapter: AdapterLease) -> Job:
     engine, quotas = admission.engine, admission.quotas
     max_tokens = [resolve_max_tokens(options, len(p), engine.max_model_len, chat,
                                      engine.sampling_defaults.max_tokens, engine.context_note)
@@ -112,7 +133,7 @@ def build_job(admission: Admission, tenant: Tenant, priority: Priority,
     max_tokens = admission.budgets.plan(tenant, prompt_tokens, max_tokens, options.n)
     pieces = None if options.logprobs is None else TokenPieces(engine.tokenizer)
     fmt = ResponseFormat(chat, f"{'chatcmpl' if chat else 'cmpl'}-{request_id}",
-                         int(time.time()), engine.served_model_name, options.include_usage,
+                         int(time.time()), target.model, options.include_usage,
                          pieces, tool_output(tools, engine.tool_format))
     generations: list[Generation] = []
     for p, ids in enumerate(prompts):
@@ -129,7 +150,7 @@ def build_job(admission: Admission, tenant: Tenant, priority: Priority,
                 cache_salt=prefix_cache_salt(tenant, options.cache_salt),
                 constraint=None if options.structured is None
                 else constraint_for(engine.grammars, options.structured),
-                trace=admission.tracer is not None),
+                trace=admission.tracer is not None, adapter=target.adapter),
                 engine, options.stop, echo, leader)
             generations.append(generation)
             if j == 0 and _share_prefill(options, engine):
@@ -139,7 +160,7 @@ def build_job(admission: Admission, tenant: Tenant, priority: Priority,
     headers = {"x-slicegate-priority": priority.label, **quotas.headers(tenant)}
     return Job(fmt, tenant, priority, generations, lease, admission.metrics, arrival, headers,
                n=options.n, origin=origin, tracer=admission.tracer,
-               trace_headers=dict(trace_headers or {}), budget=hold)
+               trace_headers=dict(trace_headers or {}), budget=hold, adapter=adapter)
 
 
 def prefix_cache_salt(tenant: Tenant, request_salt: str | None) -> str:

@@ -18,6 +18,7 @@ from gateway.config import GatewayConfig
 from gateway.engine import Engine, build_engine
 from gateway.errors import install_error_handlers
 from gateway.lifecycle import DrainMiddleware, Lifecycle, startup_heap_frozen
+from gateway.lora_admin import router as lora_router
 from gateway.metrics import GatewayMetrics
 from gateway.quotas import Quotas
 from gateway.routes import router
@@ -85,6 +86,7 @@ def create_app(config: GatewayConfig, engine: Engine | None = None) -> FastAPI:
     app.include_router(batch_router)
     app.include_router(ui_router)
     app.include_router(tenants_router)
+    app.include_router(lora_router)
     app.add_middleware(DrainMiddleware, lifecycle=state.lifecycle)
     upload_limit = config.batch.max_file_bytes + _MULTIPART_SLACK_BYTES
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.server.max_body_bytes,

@@ -3,7 +3,8 @@
 A config file mirrors the tree (every key optional)::
 
     model:     {spec: default, served_model_name: null, dtype: bfloat16, max_model_len: null,
-                generation_config: auto, fim: auto, tool_parser: auto}
+                generation_config: auto, fim: auto, tool_parser: auto,
+                lora: {sql: /adapters/sql}, lora_reserve_gib: 0}   # docs/lora.md
     scheduler: {devices: "cpu:0,cpu:1", device_memory_gib: null, policy: slice,
                 ray_address: null}
     server:    {host: 127.0.0.1, port: 8000, drain_timeout_s: 30, request_timeout_s: 600,
@@ -18,6 +19,7 @@ Precedence: built-in defaults < config file < command-line flags.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import tomllib
 from collections.abc import Mapping
@@ -28,6 +30,7 @@ from typing import Any
 import platformdirs
 import yaml
 
+from gateway.adapters import ADAPTER_NAME, NAME_RULE
 from gateway.fim import parse_fim_setting
 from gateway.logs import LOG_FORMATS, LOG_LEVELS
 from gateway.tenants import TenantsConfig, load_tenants
@@ -96,6 +99,40 @@ def parse_queue_bounds(value: Any, key: str) -> dict[str, int] | None:
     return out
 
 
+def parse_lora(value: Any) -> dict[str, str]:
+    """`{NAME: PATH}` or `["NAME=PATH", ...]` (vLLM's --lora-modules, whose JSON form
+    `{"name": ..., "path": ...}` is taken too) -> a validated dict, in order."""
+    if isinstance(value, Mapping):
+        pairs = list(value.items())
+    elif isinstance(value, list | tuple):
+        pairs = [_lora_pair(item) for item in value]
+    else:
+        raise ConfigError("model.lora: a mapping of NAME: PATH, or a list of NAME=PATH")
+    out: dict[str, str] = {}
+    for name, path in pairs:
+        _require(isinstance(name, str) and bool(ADAPTER_NAME.fullmatch(name)), "model.lora",
+                 f"adapter name {name!r}: {NAME_RULE}")
+        _require(isinstance(path, str) and bool(path.strip()), "model.lora",
+                 f"adapter {name!r}: its path must be a non-empty string")
+        _require(name not in out, "model.lora", f"adapter {name!r} is named twice")
+        out[name] = path.strip()
+    return out
+
+
+def _lora_pair(item: Any) -> tuple[Any, Any]:
+    if isinstance(item, str) and item.lstrip().startswith("{"):
+        try:
+            item = json.loads(item)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"model.lora: {item!r} is not JSON: {exc}") from None
+    if isinstance(item, Mapping):
+        return item.get("name"), item.get("path")
+    if isinstance(item, str) and "=" in item:
+        name, _, path = item.partition("=")
+        return name.strip(), path
+    raise ConfigError(f"model.lora: {item!r}: use NAME=PATH")
+
+
 @dataclass(frozen=True, slots=True)
 class ModelSettings:
     """Which model to serve and how."""
@@ -113,8 +150,14 @@ class ModelSettings:
     # how tool calls are read from the output (gateway/tools/formats.py): "auto" (from the
     # chat template and vocabulary) or a format's name
     tool_parser: str = "auto"
+    # LoRA adapters loaded at start-up: name -> PEFT folder (or a list of "NAME=PATH")
+    lora: Any = field(default_factory=dict)
+    lora_reserve_gib: float = 0.0  # kept on each device for adapters loaded at run time
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "lora", parse_lora(self.lora))
+        _require(_is_number(self.lora_reserve_gib) and self.lora_reserve_gib >= 0,
+                 "model.lora_reserve_gib", "a non-negative number")
         try:
             object.__setattr__(self, "tool_parser", parse_tool_parser_setting(self.tool_parser))
         except ValueError as exc:

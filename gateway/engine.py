@@ -13,11 +13,12 @@ import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from executors.types import Priority
+from gateway.adapters import Adapters, NoAdapters, not_found
 from gateway.cluster import ray_scheduler
 from gateway.config import GatewayConfig, SchedulerSettings
 from gateway.context import context_limit
-from gateway.errors import ApiError, clip
 from gateway.fim import Fim, resolve_fim
+from gateway.lora import ModelAdapters, startup_adapters
 from gateway.sampling_defaults import SamplingDefaults, load_sampling_defaults
 from gateway.tools.formats import DEFAULT_FORMAT, KNOWN_FORMATS, CallFormat, resolve_format
 from models.grammar import Grammars
@@ -56,6 +57,8 @@ class Engine:
     prefix_caching: bool = True  # the scheduler's; `n` choices then share one prefill
     context_note: str = ""  # why max_model_len is below the model's, for the 400s naming it
     created: int = field(default_factory=lambda: int(time.time()))  # unix s, for /v1/models
+    adapters: Adapters = field(default_factory=Adapters)  # LoRA adapters, by name (mutable)
+    root: str = ""  # where the weights came from (/v1/models `root`, as vLLM's)
 
     def __post_init__(self) -> None:
         if self.max_model_len < 2:
@@ -72,12 +75,11 @@ class Engine:
         return bool(getattr(self.tokenizer, "chat_template", None))
 
 
-def check_model(engine: Engine, model: str | None) -> None:
-    """404 `model_not_found` unless a request's `model` names the served model (or is None)."""
-    if not engine.serves(model):
-        raise ApiError(404, f"The model {clip(model)} does not exist; this server serves "
-                            f"{engine.served_model_name!r}.", param="model",
-                       code="model_not_found")
+def check_model(engine: Engine, model: str | None, adapters: bool = True) -> None:
+    """404 `model_not_found` unless a request's `model` names the served model (or is None)
+    or, with `adapters`, one of its LoRA adapters."""
+    if not engine.serves(model) and not (adapters and model in engine.adapters):
+        raise not_found(model)
 
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
@@ -92,7 +94,14 @@ def eos_ids(tokenizer: PreTrainedTokenizerBase, *more: int) -> tuple[int, ...]:
     return tuple(dict.fromkeys(int(i) for i in [*ids, *more]))
 
 
-def engine_for_model(model: Model, scheduler: SchedulerAPI, config: GatewayConfig) -> Engine:
+def base_names(model: Model, config: GatewayConfig) -> tuple[str, ...]:
+    """The `model` values that name the base model: its served name, then its aliases."""
+    names = (config.served_model_name, model.name, config.model.spec)
+    return tuple(dict.fromkeys(names))
+
+
+def engine_for_model(model: Model, scheduler: SchedulerAPI, config: GatewayConfig,
+                     adapters: Adapters | None = None) -> Engine:
     """An Engine over a loaded `models.Model` and the scheduler that runs it.
 
     Reads `model.path` (tokenizer files, generation_config.json), `model.name`,
@@ -117,12 +126,14 @@ def engine_for_model(model: Model, scheduler: SchedulerAPI, config: GatewayConfi
         max_model_len=max_model_len,
         vocab_size=model.config.vocab_size,
         eos_token_ids=eos_ids(tokenizer, *model.config.eos_token_ids),
-        model_aliases=tuple({model.name, config.model.spec} - {config.served_model_name}),
+        model_aliases=base_names(model, config)[1:],
         sampling_defaults=defaults,
         fim=fim,
         grammars=Grammars(tokenizer, model.config.vocab_size),
         tool_format=tool_format,
         prefix_caching=config.scheduler.prefix_cache,
+        adapters=adapters or Adapters(reserved=base_names(model, config)),
+        root=str(model.path),
     )
 
 
@@ -139,14 +150,16 @@ def device_memory_gib(config: GatewayConfig) -> float:
     return CPU_DEVICE_MEMORY_GIB
 
 
-def scheduler_config(s: SchedulerSettings, max_model_len: int) -> SchedulerConfig:
+def scheduler_config(s: SchedulerSettings, max_model_len: int,
+                     lora_reserve_gib: float = 0.0) -> SchedulerConfig:
     """The scheduler's settings from the gateway's (GiB to bytes)."""
     kv = None if s.kv_cache_gib is None else int(s.kv_cache_gib * 2**30)
     cfg = SchedulerConfig(policy=s.policy, max_model_len=max_model_len, kv_cache_bytes=kv,
                           swap_space_bytes=int(s.swap_space_gib * 2**30),
                           kv_admission=s.kv_admission, max_low_wait_s=s.max_low_wait_s,
                           prefix_caching=s.prefix_cache, provisioning=s.provisioning,
-                          provision_interval_s=s.provision_interval_s)
+                          provision_interval_s=s.provision_interval_s,
+                          lora_reserve_bytes=int(lora_reserve_gib * 2**30))
     return queue_bounds(cfg, s.max_queued_requests, s.max_queued_tokens)
 
 
@@ -166,29 +179,40 @@ def queue_bounds(cfg: SchedulerConfig, requests: dict[str, int] | None,
 
 
 def build_engine(config: GatewayConfig) -> Engine:
-    """Load `config.model`, profile (or load cached) estimators, build the scheduler."""
+    """Load `config.model` and its LoRA adapters, profile (or load cached) estimators, build
+    the scheduler. AdapterStartupError for an adapter that cannot be served."""
     if config.scheduler.ray_address is not None:
         model = load(config.model.spec, dtype=config.model.dtype, threads=cpu_threads(1))
+        # NOTE: the actors load their own models; adapters would not reach them
+        adapters = startup_adapters(NoAdapters("LoRA adapters are not supported on Ray "
+                                               "executors yet"), config.model.lora,
+                                    base_names(model, config))
         cfg = scheduler_config(config.scheduler, _max_len(model, config))
         return _capped(model, ray_scheduler(model, config, cfg, device_memory_gib(config)),
-                       config)
+                       config, adapters)
     devices = parse_devices(list(config.scheduler.devices), device_memory_gib(config))
     # NOTE: kernels are chosen and operators profiled for the intra-op threads the CPU
     # executors will run on
     threads = config.scheduler.cpu_threads or cpu_threads(sum(d.kind == "cpu" for d in devices))
     model = load(config.model.spec, dtype=config.model.dtype, threads=threads)
-    cfg = scheduler_config(config.scheduler, _max_len(model, config))
+    # NOTE: before the scheduler, whose memory reserve for adapters counts those loaded
+    host = ModelAdapters(model)
+    adapters = startup_adapters(host, config.model.lora, base_names(model, config))
+    cfg = scheduler_config(config.scheduler, _max_len(model, config),
+                           config.model.lora_reserve_gib)
     # NOTE: the warm-up runs before profiling, which it would slow
     warm = warm_rows(model, threads) if any(d.kind == "cpu" for d in devices) else None
     factory = local_executors(threads, config.scheduler.fault_rate, warm)
     sched = build_scheduler(model, devices, cfg, executor_factory=factory, threads=threads)
-    return _capped(model, sched, config)
+    host.watch(sched)
+    return _capped(model, sched, config, adapters)
 
 
-def _capped(model: Model, sched: Scheduler, config: GatewayConfig) -> Engine:
+def _capped(model: Model, sched: Scheduler, config: GatewayConfig,
+            adapters: Adapters) -> Engine:
     """The engine over `sched`, its context capped to what one device's KV holds
     (gateway/context.py)."""
-    engine = engine_for_model(model, sched, config)
+    engine = engine_for_model(model, sched, config, adapters)
     s = config.scheduler
     memory = f"--device-memory-gib {device_memory_gib(config):g}" + (
         f" and --kv-cache-gib {s.kv_cache_gib:g}" if s.kv_cache_gib is not None else "")

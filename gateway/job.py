@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from executors.types import Priority
+from gateway.adapters import AdapterLease
 from gateway.errors import ApiError
 from gateway.generation import Generation
 from gateway.metrics import GatewayMetrics
@@ -43,6 +44,7 @@ class Job:
     tracer: Callable[[Job, float], None] | None = None
     trace_headers: dict[str, str] = field(default_factory=dict)
     budget: BudgetHold | None = None  # its reservation in the tenant's token budget
+    adapter: AdapterLease | None = None  # its hold on its LoRA adapter, released at the end
 
     def submit(self, prompt_param: str) -> None:
         """Submit every choice; on a refusal abort those already submitted and raise an ApiError."""
@@ -89,8 +91,10 @@ class Job:
         self.lease.release(used["total_tokens"])
         if self.budget is not None:
             self.budget.settle(used["prompt_tokens"], used["completion_tokens"])
+        if self.adapter is not None:
+            self.adapter.release()
         now = time.monotonic()
-        labels = self.metrics.labels(self.tenant.name, self.priority.label)
+        labels = self.metrics.labels(self.tenant.name, self.priority.label, self.format.model)
         for generation in self.generations:
             if generation.submit_time is not None:
                 self._observe(generation, labels, now)

@@ -1,6 +1,7 @@
 """Prometheus metrics: vLLM's names where the meaning is the same, plus slicegate's own.
 
-Request metrics are labelled by model_name, tenant and priority class. The
+Request metrics are labelled by model_name (a LoRA adapter's name for its requests, as
+vLLM's), tenant and priority class. The
 scheduler's state is read once per scrape from `SchedulerAPI.stats()`.
 """
 
@@ -217,8 +218,11 @@ class GatewayMetrics:
             if tenant.ttft_slo_s is not None:
                 self.ttft_slo.labels(tenant.name, tenant.priority.label).set(tenant.ttft_slo_s)
 
-    def labels(self, tenant: str, priority: str) -> tuple[str, str, str]:
-        return self.model_name, tenant, priority
+    def labels(self, tenant: str, priority: str,
+               model: str | None = None) -> tuple[str, str, str]:
+        """A request's labels: `model` is the name it ran as (an adapter's, as vLLM's
+        `model_name`); None: the served model."""
+        return model or self.model_name, tenant, priority
 
     def render(self, stats: SchedulerStats) -> bytes:
         """The exposition text, after folding in the scheduler's current stats."""

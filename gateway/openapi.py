@@ -20,9 +20,10 @@ _RETRY = {"Retry-After": {"description": "Seconds to wait before retrying (integ
 _ERROR_TEXT = {
     400: "Invalid request (a field, the JSON, a prompt too long).",
     401: "Missing or unknown API key.",
-    403: "The key may not do this (admin endpoints).",
-    404: "Unknown model, file, batch or page.",
-    409: "The batch cannot be cancelled in its status; a tenant or key exists already.",
+    403: "The key may not do this (admin endpoints), or its tenant may not use the model.",
+    404: "Unknown model, LoRA adapter, file, batch or page.",
+    409: "The batch cannot be cancelled in its status; a tenant or key exists already; a "
+         "LoRA adapter of that name is being unloaded.",
     413: "The request body is too large.",
     429: "A tenant quota (concurrency, requests or tokens per minute) is exhausted, or "
          "its token budget (insufficient_quota).",
@@ -52,9 +53,9 @@ def _ok(schema: dict[str, Any], media: str = JSON, description: str = "OK") -> d
 
 
 _API_ERRORS = (400, 401, 413, 500, 503)  # what any /v1/ endpoint may answer
-_GENERATION_ERRORS = (*_API_ERRORS, 404, 429)
+_GENERATION_ERRORS = (*_API_ERRORS, 403, 404, 429)
 _ID = {"type": "string", "minLength": 1}
-_TOKENIZER_ERRORS = (400, 401, 404, 413, 500)  # /tokenize, /detokenize: no shedding
+_TOKENIZER_ERRORS = (400, 401, 403, 404, 413, 500)  # /tokenize, /detokenize: no shedding
 
 
 def _generation(summary: str, body: str, result: str) -> dict[str, Any]:
@@ -79,6 +80,13 @@ def _post(summary: str, body: str, result: str, *codes: int) -> dict[str, Any]:
     return {"post": {"summary": summary, "requestBody": {
         "required": True, "content": {JSON: {"schema": _ref(body)}}},
         "responses": {**_ok(_ref(result)), **_errors(*codes)}}}
+
+
+def _lora(summary: str, body: str, *codes: int) -> dict[str, Any]:
+    return {"post": {"summary": summary, "requestBody": {
+        "required": True, "content": {JSON: {"schema": _ref(body)}}},
+        "responses": {**_ok({"type": "string"}, "text/plain"),
+                      **_errors(*codes, 401, 403, 413, 500, 503)}}}
 
 
 def _path_param(name: str) -> dict[str, Any]:
@@ -145,7 +153,13 @@ def _paths() -> dict[str, Any]:
                                        "Completion"),
         "/v1/chat/completions": _generation("Create a chat completion", "ChatCompletionRequest",
                                             "ChatCompletion"),
-        "/v1/models": {"get": _get("List the served model", _ref("ModelList"), 401, 500, 503)},
+        "/v1/models": {"get": _get("List the served model and its LoRA adapters (those the "
+                                   "key's tenant may use)", _ref("ModelList"), 401, 500, 503)},
+        "/v1/load_lora_adapter": _lora("Load a LoRA adapter from a folder (vLLM's; admin)",
+                                       "LoadLoraAdapter", 400, 409),
+        "/v1/unload_lora_adapter": _lora("Unload a LoRA adapter; its requests in flight "
+                                         "finish (vLLM's; admin)", "UnloadLoraAdapter", 400,
+                                         404),
         "/health": {"get": {"summary": "Health: 200 while the scheduler, its executors and "
                                        "the Batch API run", "responses": {
             **_ok(_ref("Health")), "503": {"description": "Draining or unhealthy",

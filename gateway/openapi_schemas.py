@@ -196,7 +196,10 @@ _TENANT_FIELDS: S = {"priority": _nullable({"enum": ["high", "normal", "low"]}),
                      "ttft_slo_ms": _nullable({"type": "number", "exclusiveMinimum": 0}),
                      "max_concurrency": _POSITIVE, "requests_per_minute": _POSITIVE,
                      "tokens_per_minute": _POSITIVE, "share_prefix_cache": BOOL,
-                     "budget": _nullable(_BUDGET)}
+                     "budget": _nullable(_BUDGET),
+                     "models": _nullable({"type": "array",
+                                          "items": {"type": "string", "minLength": 1}}),
+                     "default_model": _nullable({"type": "string", "minLength": 1})}
 _KEYS: S = {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1}
 _TENANT_KEY: S = _obj(("object", "id", "tenant", "source"), object={"const": "tenant.key"},
                       id=STR, tenant=STR, source={"enum": ["file", "admin"]},
@@ -263,7 +266,11 @@ SCHEMAS: dict[str, S] = {
         message=_obj(("role", "content"), role={"const": "assistant"}, content=_nullable(STR),
                      tool_calls={"type": "array", "items": _CALL}))),
     "ModelList": _page(_obj(("id", "object", "owned_by"), id=STR, object={"const": "model"},
-                            created=INT, owned_by=STR, max_model_len=INT)),
+                            created=INT, owned_by=STR, max_model_len=INT, root=STR,
+                            parent=_nullable(STR))),
+    # vLLM's run-time LoRA endpoints (gateway/lora_admin.py)
+    "LoadLoraAdapter": _obj(("lora_name", "lora_path"), lora_name=STR, lora_path=STR),
+    "UnloadLoraAdapter": _obj(("lora_name",), lora_name=STR),
     "Health": _obj(("status",), status={"enum": ["ok", "draining", "unhealthy"]},
                    detail=_nullable(STR)),
     "Timeline": _obj(("now", "since", "events", "requests"), now=NUM, since=NUM,

@@ -17,6 +17,7 @@ from gateway.openapi import document
 from gateway.prompts import resolve_max_tokens, tokenize_chat, tokenize_completion
 from gateway.protocol import parse_chat, parse_completion, parse_json
 from gateway.responses import json_response
+from gateway.served import model_cards, resolve_model
 from gateway.state import state_of
 from gateway.tenants import authenticate, authorize_admin, bearer_key
 from gateway.tools.types import offered_tools
@@ -32,7 +33,7 @@ async def create_completion(request: Request) -> Response:
     tenant = authenticate(state.tenants.current, request.headers.get("authorization"))
     body = parse_completion(parse_json(await request.body()),
                             state.config.server.max_prompts_per_request)
-    check_model(state.engine, body.options.model)
+    resolve_model(state.engine, tenant, body.options.model)  # 404 / 403 before tokenizing
     prompts = tokenize_completion(state.engine, body.prompts, body.suffix)
     return await generate(request, tenant, body.options, prompts, chat=False)
 
@@ -42,7 +43,7 @@ async def create_chat_completion(request: Request) -> Response:
     state = state_of(request)
     tenant = authenticate(state.tenants.current, request.headers.get("authorization"))
     body = parse_chat(parse_json(await request.body()))
-    check_model(state.engine, body.options.model)
+    resolve_model(state.engine, tenant, body.options.model)
     prompt = tokenize_chat(state.engine, body.messages, tools=offered_tools(body.tools))
     return await generate(request, tenant, body.options, [prompt], chat=True,
                           tools=body.tools)
@@ -54,13 +55,10 @@ async def list_models(request: Request) -> Response:
     tenants = state.tenants.current
     authorization = request.headers.get("authorization")
     key = bearer_key(authorization)
-    if key is None or not tenants.is_admin(key):  # admins may list models too
-        authenticate(tenants, authorization)
-    engine = state.engine
-    model = {"id": engine.served_model_name, "object": "model", "created": engine.created,
-             "owned_by": "slicegate", "max_model_len": engine.max_model_len,
-             "sampling_defaults": engine.sampling_defaults.as_dict()}  # for what requests omit
-    return json_response({"object": "list", "data": [model]})
+    tenant = None  # admins may list models too: all of them
+    if key is None or not tenants.is_admin(key):
+        tenant = authenticate(tenants, authorization)
+    return json_response({"object": "list", "data": model_cards(state.engine, tenant)})
 
 
 @router.get("/health")
@@ -86,7 +84,7 @@ async def health(request: Request) -> Response:
 @router.get("/openapi.json")
 async def openapi(request: Request) -> Response:
     engine = state_of(request).engine
-    models = (engine.served_model_name, *engine.model_aliases)
+    models = (engine.served_model_name, *engine.model_aliases, *engine.adapters.served())
     return json_response(document(package_version(), models))
 
 
@@ -137,7 +135,7 @@ async def admin_direct(request: Request) -> Response:
     state = state_of(request)
     authorize_admin(state.tenants.current, request.headers.get("authorization"))
     body = parse_completion(parse_json(await request.body()), 1)
-    check_model(state.engine, body.options.model)
+    check_model(state.engine, body.options.model, adapters=False)
     [prompt] = tokenize_completion(state.engine, body.prompts, body.suffix)
     max_tokens = resolve_max_tokens(body.options, len(prompt), state.engine.max_model_len,
                                     chat=False)

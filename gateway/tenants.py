@@ -14,6 +14,8 @@ The tenants file (YAML)::
         share_prefix_cache: true   # default false: no other tenant hits its cached prompt
                                    # blocks (nor it theirs), so none can time-probe them
         budget: {daily_tokens: 1000000, monthly_tokens: 20000000, completion_weight: 2}
+        models: [base, sql-lora]  # the models and LoRA adapters it may use (absent: all)
+        default_model: sql-lora   # what a request without `model` runs on (absent: the base)
 
 Without a tenants file auth is off and every request belongs to one default
 tenant (class `high`, so that a request can still choose any class by lowering).
@@ -39,7 +41,7 @@ from gateway.yamlmarks import LineDict, LineList, line_of, load_with_lines
 SERVICE_TIERS = ("auto", "default", "flex", "priority")
 _TENANT_FIELDS = ("name", "api_keys", "api_key_sha256", "priority", "ttft_slo_ms",
                   "max_concurrency", "requests_per_minute", "tokens_per_minute",
-                  "share_prefix_cache", "budget")
+                  "share_prefix_cache", "budget", "models", "default_model")
 _MAX_NUMBER = 1 << 62  # larger limits are typos (and SQLite's integers end at 2**63)
 _BUDGET_FIELDS = ("daily_tokens", "monthly_tokens", "prompt_weight", "completion_weight")
 _LIMIT_FIELDS = ("max_concurrency", "requests_per_minute", "tokens_per_minute")
@@ -58,6 +60,17 @@ class Tenant:
     tokens_per_minute: int | None = None
     share_prefix_cache: bool = False  # False: its KV blocks are keyed with its name too
     budget: Budget | None = None  # token limits per UTC day and month
+    models: tuple[str, ...] | None = None  # model and adapter names it may use; None: all
+    default_model: str | None = None  # for requests without `model`; None: the base model
+
+    def __post_init__(self) -> None:
+        if (self.default_model is not None and self.models is not None
+                and self.default_model not in self.models):
+            raise ValueError(f"default_model {self.default_model!r} is not in models")
+
+    def may_use(self, *names: str) -> bool:
+        """Whether its `models` list names any of `names` (a model's name and aliases)."""
+        return self.models is None or any(n in self.models for n in names)
 
     @property
     def cache_salt(self) -> str:
@@ -239,6 +252,8 @@ def tenant_spec(tenant: Tenant) -> dict[str, Any]:
     spec.update({k: getattr(tenant, k) for k in _LIMIT_FIELDS})
     spec["share_prefix_cache"] = tenant.share_prefix_cache
     spec["budget"] = None if tenant.budget is None else tenant.budget.as_dict()
+    spec["models"] = None if tenant.models is None else list(tenant.models)
+    spec["default_model"] = tenant.default_model
     return spec
 
 
@@ -304,8 +319,29 @@ class _Reader:
         if not isinstance(share, bool):
             self.fail(item, "share_prefix_cache", f"{path}.share_prefix_cache",
                       f"must be true or false, got {share!r}")
+        models, default = self.models(item, path)
         return Tenant(str(name).strip(), keys, priority, slo, **limits,
-                      share_prefix_cache=share, budget=self.budget(item, f"{path}.budget"))
+                      share_prefix_cache=share, budget=self.budget(item, f"{path}.budget"),
+                      models=models, default_model=default)
+
+    def models(self, item: dict[str, Any], path: str) -> tuple[tuple[str, ...] | None,
+                                                                str | None]:
+        """The tenant's `models` list and `default_model` (which must be in the list).
+        NOTE: names are not checked against what is served: an adapter may be loaded later."""
+        models, default = item.get("models"), item.get("default_model")
+        if models is not None and (not isinstance(models, list) or not all(
+                isinstance(m, str) and m.strip() for m in models)):
+            self.fail(item, "models", f"{path}.models",
+                      "must be a list of model or adapter names (absent: every model)")
+        if default is not None and (not isinstance(default, str) or not default.strip()):
+            self.fail(item, "default_model", f"{path}.default_model",
+                      "must be a model or adapter name")
+        names = None if models is None else tuple(dict.fromkeys(m.strip() for m in models))
+        default = None if default is None else default.strip()
+        if default is not None and names is not None and default not in names:
+            self.fail(item, "default_model", f"{path}.default_model",
+                      f"{default!r} is not in the tenant's models {list(names)}")
+        return names, default
 
     def budget(self, item: dict[str, Any], path: str) -> Budget | None:
         value = item.get("budget")

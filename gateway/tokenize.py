@@ -15,12 +15,13 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from gateway.engine import Engine, check_model
+from gateway.engine import Engine
 from gateway.errors import invalid
 from gateway.fields import Fields, type_error
 from gateway.prompts import encode, tokenize_chat
 from gateway.protocol import ChatMessage, parse_json, parse_messages
 from gateway.responses import json_response
+from gateway.served import resolve_model
 from gateway.state import state_of
 from gateway.tenants import authenticate
 from gateway.version import package_version
@@ -108,9 +109,9 @@ def detokenize(engine: Engine, tokens: tuple[int, ...]) -> str:
 @router.post("/tokenize")
 async def tokenize(request: Request) -> Response:
     state = state_of(request)
-    authenticate(state.tenants.current, request.headers.get("authorization"))
+    tenant = authenticate(state.tenants.current, request.headers.get("authorization"))
     body = parse_tokenize(parse_json(await request.body()))
-    check_model(state.engine, body.model)
+    resolve_model(state.engine, tenant, body.model)  # adapters share the base's tokenizer
     ids = token_ids(state.engine, body)
     strs = state.engine.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
     return json_response({"count": len(ids), "max_model_len": state.engine.max_model_len,
@@ -120,9 +121,9 @@ async def tokenize(request: Request) -> Response:
 @router.post("/detokenize")
 async def detokenize_tokens(request: Request) -> Response:
     state = state_of(request)
-    authenticate(state.tenants.current, request.headers.get("authorization"))
+    tenant = authenticate(state.tenants.current, request.headers.get("authorization"))
     body = parse_detokenize(parse_json(await request.body()))
-    check_model(state.engine, body.model)
+    resolve_model(state.engine, tenant, body.model)
     return json_response({"prompt": detokenize(state.engine, body.tokens)})
 
 

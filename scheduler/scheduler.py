@@ -213,6 +213,11 @@ class Scheduler(Components):
             if not state.finished:
                 self.abort(state.rid, "abort")
 
+    def requests_on_adapter(self, name: str) -> int:
+        """Requests not yet ended (queued, running, or ending with a plan in flight) that run
+        with LoRA adapter `name`: the gateway removes an unloaded adapter at 0."""
+        return sum(1 for s in list(self.states.values()) if s.req.adapter == name)
+
     def abort(self, request_id: str, reason: str) -> None:
         """End a request early (`stop`, `abort`, ...); frees its KV. Idempotent."""
         state = self.states.get(request_id)

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from gateway.batches.types import ENDPOINTS
-from gateway.engine import Engine
+from gateway.engine import Engine, check_model
 from gateway.errors import ApiError
 from gateway.protocol import ChatBody, CompletionBody, parse_chat, parse_completion
 
@@ -71,10 +71,7 @@ def parse_body(line: InputLine, engine: Engine,
     if parsed.options.stream:
         raise ApiError(400, "'stream' is not supported in a batch: results go to the output "
                             "file.", param="stream", code="unsupported_parameter")
-    if not engine.serves(parsed.options.model):
-        raise ApiError(404, f"The model {_short(parsed.options.model)} does not exist; this "
-                            f"server serves {engine.served_model_name!r}.", param="model",
-                       code="model_not_found")
+    check_model(engine, parsed.options.model)  # the tenant's models: when the line runs
     return parsed
 
 

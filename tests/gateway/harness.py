@@ -12,12 +12,14 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
 from transformers import PreTrainedTokenizerBase
 
+from gateway.adapters import Adapters
 from gateway.app import create_app
 from gateway.config import GatewayConfig, SchedulerSettings, ServerSettings
 from gateway.engine import Engine, eos_ids
@@ -154,6 +156,59 @@ def record_sampling(engine: Engine) -> list[SamplingParams]:
 
     def record(request: Request):  # type: ignore[no-untyped-def]
         seen.append(request.sampling)
+        return submit(request)
+
+    fake.submit = record  # type: ignore[method-assign]
+    return seen
+
+
+class FakeAdapterHost:
+    """An `AdapterHost` without a model: a folder is an adapter when it holds
+    adapter_config.json; records what was added and removed."""
+
+    def __init__(self) -> None:
+        self.loaded: dict[str, str] = {}
+        self.removed: list[str] = []
+        self.busy_names: set[str] = set()  # adapters the "scheduler" still runs
+
+    def add(self, name: str, path: str) -> None:
+        if not (Path(path) / "adapter_config.json").is_file():
+            raise ValueError(f"adapter {name!r}: {path} has no adapter_config.json")
+        self.loaded[name] = path
+
+    def remove(self, name: str) -> None:
+        del self.loaded[name]
+        self.removed.append(name)
+
+    def busy(self, name: str) -> bool:
+        return name in self.busy_names
+
+
+def with_adapters(engine: Engine, host: FakeAdapterHost,
+                  **adapters: Path) -> Engine:
+    """`engine` serving LoRA adapters through `host`, `adapters` (name -> folder) loaded."""
+    registry = Adapters(host, reserved=(engine.served_model_name, *engine.model_aliases))
+    for name, path in adapters.items():
+        registry.load_now(name, str(path))
+    return dataclasses.replace(engine, adapters=registry)
+
+
+def adapter_folder(path: Path) -> Path:
+    """A folder the fake host takes as an adapter."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "adapter_config.json").write_text('{"r": 8}')
+    return path
+
+
+def record_requests(engine: Engine) -> list[Request]:
+    """Every submitted scheduler request, in order."""
+    seen: list[Request] = []
+    fake = engine.scheduler
+    assert isinstance(fake, FakeScheduler)
+    submit = fake.submit
+
+    def record(request: Request):  # type: ignore[no-untyped-def]
+        seen.append(request)
         return submit(request)
 
     fake.submit = record  # type: ignore[method-assign]

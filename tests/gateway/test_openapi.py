@@ -8,6 +8,7 @@ from pathlib import Path
 import httpx
 
 from gateway.batches.routes import router as batches
+from gateway.lora_admin import router as lora
 from gateway.routes import router as api
 from gateway.tenancy.admin import router as tenancy
 from gateway.tokenize import router as tokenizer
@@ -22,7 +23,7 @@ METHODS = {"get", "post", "delete", "put", "patch"}
 async def test_every_route_is_documented_with_its_errors(make_engine: EngineFactory) -> None:
     async with running(make_config(), make_engine()) as h:
         doc = (await h.client.get("/openapi.json")).json()
-    routes = {(r.path, m.lower()) for router in (api, tokenizer, batches, ui, tenancy)
+    routes = {(r.path, m.lower()) for router in (api, tokenizer, batches, ui, tenancy, lora)
               for r in router.routes
               for m in (getattr(r, "methods", None) or ()) if m.lower() in METHODS}
     documented = {(path, m) for path, ops in doc["paths"].items() for m in ops if m in METHODS}

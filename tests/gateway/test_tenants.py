@@ -15,6 +15,7 @@ from gateway.tenants import (
     effective_priority,
     load_tenants,
     parse_tenants,
+    tenant_spec,
 )
 from tests.gateway.harness import TENANTS_YAML, EngineFactory, auth_config, running
 
@@ -146,3 +147,21 @@ async def test_priority_over_http(make_engine: EngineFactory) -> None:
                                   headers={"authorization": "Bearer sk-ide-1",
                                            "x-priority": "urgent"})
         assert bad.status_code == 400 and "X-Priority" in bad.json()["error"]["message"]
+
+
+async def test_models_and_default_model_are_read_and_checked() -> None:
+    text = ("tenants:\n  - name: a\n    api_keys: [k1]\n    models: [tiny, sql]\n"
+            "    default_model: sql\n  - name: b\n    api_keys: [k2]\n")
+    a, b = parse_tenants(text).tenants
+    assert a.models == ("tiny", "sql") and a.default_model == "sql"
+    assert a.may_use("sql") and not a.may_use("chat") and a.may_use("alias", "tiny")
+    assert b.models is None and b.default_model is None and b.may_use("anything")
+    assert tenant_spec(a)["models"] == ["tiny", "sql"] and tenant_spec(a)["default_model"] == "sql"
+    for bad, where in (("models: [tiny, sql]", "models: tiny"),
+                       ("models: [tiny, sql]", "models: [tiny, 3]"),
+                       ("default_model: sql", "default_model: chat")):
+        with pytest.raises(TenantsFileError) as info:
+            parse_tenants(text.replace(bad, where), "t.yaml")
+        assert str(info.value).startswith("t.yaml:"), str(info.value)
+        assert ("tenants[0].models" in str(info.value)
+                or "tenants[0].default_model" in str(info.value))

@@ -146,3 +146,23 @@ def test_ray_devices_refuse_adapters(model: models.Model, tiny_model_dir: Path) 
     Scheduler(plain, remote, "fcfs", linear_time, xfer_time, cfg)  # built, never started
     assert plain.adapters.can_add(model.adapters.get("a")) == (  # type: ignore[arg-type]
         "LoRA adapters are not supported on Ray executors yet")
+
+
+async def test_requests_on_adapter_counts_them_until_they_end(model: models.Model) -> None:
+    """What the gateway waits on before it removes an unloaded adapter."""
+    sched = _scheduler(model)
+    await sched.start()
+    try:
+        stream = sched.submit(Request("r", "t", Priority.HIGH, BASE[:30], GREEDY, adapter="a"))
+        first = await anext(stream)
+        assert first is not None
+        assert sched.requests_on_adapter("a") == 1 and sched.requests_on_adapter("b") == 0
+        sched.abort("r", "abort")
+        async for _ in stream:
+            pass
+        deadline = asyncio.get_running_loop().time() + 10
+        while sched.requests_on_adapter("a"):
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.01)
+    finally:
+        await sched.stop()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from pathlib import Path
 
 import orjson
 import pytest
@@ -21,7 +22,17 @@ from tests.gateway.batches.helpers import (
     upload,
     wait_for,
 )
-from tests.gateway.harness import TENANTS_YAML, EngineFactory, auth_config, make_config, running
+from tests.gateway.harness import (
+    TENANTS_YAML,
+    EngineFactory,
+    FakeAdapterHost,
+    adapter_folder,
+    auth_config,
+    make_config,
+    record_requests,
+    running,
+    with_adapters,
+)
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -259,3 +270,23 @@ async def test_auth_off_batches_belong_to_the_default_tenant(
         batch = await submit(h.client, "anything", [line(0), line(1)])
         done = await wait_for(h.client, "anything", batch["id"])
         assert done["request_counts"] == {"total": 2, "completed": 2, "failed": 0}
+
+
+async def test_a_batch_file_naming_the_base_and_an_adapter(make_engine: EngineFactory,
+                                                          tmp_path: Path) -> None:
+    """Lines of the base model and of a LoRA adapter in one file: each runs on its own (the
+    adapter's in Request.adapter) and answers with its name; an unknown model fails the
+    upload with the line number."""
+    engine = with_adapters(make_engine(), FakeAdapterHost(), sql=adapter_folder(tmp_path / "a"))
+    seen = record_requests(engine)
+    async with running(auth_config(), engine) as h:
+        lines = [line(i, model="sql" if i % 2 else "tiny") for i in range(4)]
+        done = await wait_for(h.client, NIGHTLY, (await submit(h.client, NIGHTLY, lines))["id"])
+        assert done["request_counts"] == {"total": 4, "completed": 4, "failed": 0}
+        out = await results(h.client, NIGHTLY, done["output_file_id"])
+        assert [x["response"]["body"]["model"] for x in out] == ["tiny", "sql", "tiny", "sql"]
+        assert sorted(s.adapter or "" for s in seen) == ["", "", "sql", "sql"]
+        bad = await upload(h.client, NIGHTLY, jsonl([line(0, model="sql"),
+                                                     line(1, model="nope")]))
+        assert bad.status_code == 400 and "line 2" in bad.json()["error"]["message"]
+        assert "'nope' does not exist" in bad.json()["error"]["message"]

@@ -164,3 +164,21 @@ async def test_budget_is_enforced_and_survives_a_restart(make_engine: EngineFact
         r = await complete(h.client, "sk-metered", max_tokens=100)
         assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
         assert r.json()["usage"]["total_tokens"] <= 30  # clipped to what remained
+
+
+async def test_a_tenants_models_change_without_restart(make_engine: EngineFactory,
+                                                      tmp_path: Path) -> None:
+    async with running(config_for(tmp_path), make_engine()) as h:
+        c = h.client
+        assert (await complete(c, "sk-ide")).status_code == 200
+        r = await c.patch("/admin/tenants/ide", headers=ADMIN, json={"models": ["other"]})
+        assert r.status_code == 200 and r.json()["models"] == ["other"]
+        refused = await complete(c, "sk-ide")
+        assert refused.status_code == 403
+        assert refused.json()["error"]["code"] == "model_not_allowed"
+        r = await c.patch("/admin/tenants/ide", headers=ADMIN,
+                          json={"models": ["tiny"], "default_model": "nope"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "default_model"
+        r = await c.patch("/admin/tenants/ide", headers=ADMIN, json={"models": None})
+        assert r.status_code == 200 and r.json()["models"] is None
+        assert (await complete(c, "sk-ide")).status_code == 200
