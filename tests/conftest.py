@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 # NOTE: tests never reach a model hub; every model folder is local.
@@ -18,6 +20,18 @@ from models.tiny import tiny_random_dir  # noqa: E402
 @pytest.fixture(autouse=True)
 def _seed_torch() -> None:
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _root_logging() -> Iterator[None]:
+    """The root logger's handlers and level as they were: a test that runs `main()` in
+    process installs the server's handler on pytest's captured stderr, which is closed once
+    that test ends (later records would hit a closed file)."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @pytest.fixture(autouse=True)
