@@ -5,6 +5,7 @@ before it has ended."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 from executors.executor import Executor, OnDone, RunOp
@@ -20,18 +21,27 @@ CONFIG = SchedulerConfig(policy="slice", max_model_len=2048)
 CONTEXTS = (1, 128)  # prompt tokens of the two cases
 
 
+def config(prefix_caching: bool) -> SchedulerConfig:
+    """CONFIG with the prefix cache on or off."""
+    return dataclasses.replace(CONFIG, prefix_caching=prefix_caching)
+
+
 def prompt(model: Model, ctx: int) -> list[int]:
     """`ctx` token ids, none of them special."""
     return [(31 * j) % (model.config.vocab_size - 10) + 5 for j in range(ctx)]
 
 
-async def scheduled(sched: Scheduler, prompt: list[int], n: int, block: int) -> float:
-    """Seconds per request of `n` requests through `sched.submit`, one after another."""
+async def scheduled(sched: Scheduler, prompt: list[int], n: int, block: int,
+                    cached: list[int] | None = None) -> float:
+    """Seconds per request of `n` requests through `sched.submit`, one after another.
+
+    `cached`, if given, receives each request's prompt tokens found in the prefix cache."""
     t0 = time.perf_counter()
     for i in range(n):
         req = Request(f"b{block}-{i}", "bench", Priority.HIGH, prompt, GREEDY)
-        async for _ in sched.submit(req):
-            pass
+        async for event in sched.submit(req):
+            if cached is not None and event.finish_reason is not None:
+                cached.append(event.num_cached_tokens)
     return (time.perf_counter() - t0) / n
 
 
