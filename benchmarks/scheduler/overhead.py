@@ -24,6 +24,7 @@ from benchmarks.scheduler.prefills import (
     CONFIG,
     CONTEXTS,
     GREEDY,
+    Seen,
     config,
     one_thread,
     prompt,
@@ -75,14 +76,15 @@ async def _case(model: Model, sched: Scheduler, ctx: int, total: int, block: int
     direct_cached = cached_tokens(ctx, caching)
     a: list[float] = []
     b: list[float] = []
-    hits: list[int] = []
+    seen = Seen()
     for k in range(total // block):
         a.append(_direct(model, kv, ids, block, direct_cached))
-        b.append(await scheduled(sched, ids, block, k, hits))
+        b.append(await scheduled(sched, ids, block, k, seen))
     ma, mb = statistics.median(a), statistics.median(b)
     return {"context": ctx, "requests": len(b) * block, "direct_s": ma, "scheduled_s": mb,
             "overhead_ratio": (mb - ma) / ma, "direct_cached_tokens": direct_cached,
-            "scheduled_cached_tokens": statistics.median(hits)}
+            "scheduled_cached_tokens": statistics.median(seen.cached),
+            **{k: statistics.median(v) for k, v in seen.parts.items() if v}}
 
 
 async def _run(model: Model, requests: int, block: int, prefix_caching: bool) -> list[dict]:
@@ -124,6 +126,11 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
                 ([r["context"], r["requests"], f"{r['direct_s'] * 1e3:.2f}",
                   f"{r['scheduled_s'] * 1e3:.2f}", f"{r['overhead_ratio']:+.2%}",
                   r["direct_cached_tokens"], f"{r['scheduled_cached_tokens']:g}"] for r in rows))
+    print("\nwhere a scheduled request's time went (ms, medians): submit to its first op, its "
+          "ops (their thread's CPU), between ops, last op to submit's return")
+    print_table(["context", "before 1st op", "ops", "ops' CPU", "between ops", "after last op"],
+                "rrrrrr", ([r["context"], *(f"{r.get(k, float('nan')) * 1e3:.2f}" for k in (
+                    "before_s", "ops_s", "ops_cpu_s", "between_s", "after_s"))] for r in rows))
     result: dict[str, object] = {"prefix_cache": a.prefix_cache, "rows": rows,
                                  "overhead_ratio": max(r["overhead_ratio"] for r in rows)}
     write_json(a.json, result)

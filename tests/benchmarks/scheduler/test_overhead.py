@@ -24,7 +24,12 @@ def test_the_prefix_cache_is_off_on_both_sides_by_default(
     assert result["prefix_cache"] == "off"
     for r in result["rows"]:  # type: ignore[attr-defined]
         assert r["direct_cached_tokens"] == 0 and r["scheduled_cached_tokens"] == 0
-    assert "prefix cache: off on both sides" in capsys.readouterr().out
+        # its time split from the scheduler's op timeline: every part there, none negative
+        parts = [r[k] for k in ("before_s", "ops_s", "ops_cpu_s", "between_s", "after_s")]
+        assert r["ops_s"] > 0 and min(parts) >= 0
+        assert sum(parts) - r["ops_cpu_s"] <= r["scheduled_s"] * 4 + 1e-3  # within the block
+    out = capsys.readouterr().out
+    assert "prefix cache: off on both sides" in out and "| before 1st op | ops |" in out
 
 
 def test_both_sides_cached_when_asked(capsys: pytest.CaptureFixture[str]) -> None:
