@@ -105,8 +105,9 @@ CALIBRATION = [(448, "cpu:1"), (160, "cpu:0"), (288, "cpu:1"), (352, "cpu:0"), (
 
 
 async def _workload(sched: Scheduler, tag: str, sizes: list[tuple[int, str]] = SIZES
-                    ) -> tuple[list[float], list[float]]:
-    """Predict the mixed batch workload, then run it: (predicted, actual) finish per request."""
+                    ) -> tuple[list[float], list[float], dict[str, float]]:
+    """Predict the mixed batch workload, then run it: (predicted, actual) finish per request,
+    and the measured-over-predicted time per op kind (`op_ratios`)."""
     n_ops, plans = len(sched.model.template.ops), []
     for i, (n, where) in enumerate(sizes):
         prompt = [(31 * j + i) % 40000 + 5 for j in range(n)]
@@ -129,7 +130,22 @@ async def _workload(sched: Scheduler, tag: str, sizes: list[tuple[int, str]] = S
         if all(not s.in_flight for s in sched.states.values()):
             break
         await asyncio.sleep(0.005)
-    return predicted, [p.finals[-1].end - t0 for p in plans]  # type: ignore[operator]
+    actual = [p.finals[-1].end - t0 for p in plans]  # type: ignore[operator]
+    return predicted, actual, op_ratios(pred, [o for p in plans for o in p.ops])
+
+
+def op_ratios(pred: Prediction, ops: list[OpInstance]) -> dict[str, float]:
+    """Per op kind ("embed", "layers", "head", "send", "recv"), the measured time over the
+    predicted, summed over its ops (time-weighted: what a schedule feels): above 1, the
+    simulation thought that kind faster than it ran."""
+    spent: dict[str, list[float]] = {}
+    for o in ops:
+        if o.start is not None and o.end is not None and o.op_id in pred.finish:
+            kind = o.name.split("[")[0]
+            sums = spent.setdefault(f"op_ratio_{kind}", [0.0, 0.0])
+            sums[0] += o.end - o.start
+            sums[1] += pred.finish[o.op_id] - pred.start[o.op_id]
+    return {k: a / p for k, (a, p) in sorted(spent.items()) if p > 0}
 
 
 async def _accuracy_run(model: Model, est: Estimators, devices: list[Device],
@@ -147,10 +163,10 @@ async def _accuracy_run(model: Model, est: Estimators, devices: list[Device],
     if sched.profiler is not None:
         await sched.profiler.idle()
     est.freeze()
-    predicted, actual = await _workload(sched, "a")
+    predicted, actual, ratios = await _workload(sched, "a")
     twins = [(await _workload(sched, tag))[1] for tag in ("b", "c")]
     await sched.stop(drain=False)
-    return {**prediction_error(predicted, actual), **twin_spread(*twins)}
+    return {**prediction_error(predicted, actual), **twin_spread(*twins), **ratios}
 
 
 def prediction_error(predicted: list[float], actual: list[float]) -> dict[str, float]:
@@ -353,4 +369,10 @@ def _report_accuracy(title: str, acc: dict[str, Any]) -> None:
         print(f"  repeat {k + 1}: predicted {r['e2e_predicted_s']:.3f} s, actual "
               f"{r['e2e_actual_s']:.3f} s, error {r['e2e_error']:.2%}, per-request MAPE "
               f"{r['request_mape']:.2%}; twins {r['twin_e2e_spread']:.2%} / "
-              f"{r['twin_request_spread']:.2%}")
+              f"{r['twin_request_spread']:.2%}; measured/predicted {_ratios(r)}")
+    print(f"  measured over predicted time per op kind (medians): {_ratios(acc)}")
+
+
+def _ratios(figures: dict[str, Any]) -> str:
+    return ", ".join(f"{k.removeprefix('op_ratio_')} {v:.2f}x" for k, v in figures.items()
+                     if k.startswith("op_ratio_"))

@@ -4,20 +4,23 @@ from pathlib import Path
 import pytest
 
 from benchmarks.scheduler.simulator import (
+    SHAPE,
     RecordedPolicy,
     Recorder,
     _replay,
     _report,
     main,
+    op_ratios,
     prediction_error,
     speed,
     synthetic_gmg,
     twin_spread,
 )
-from executors.types import Priority
+from executors.types import OpInstance, OpRole, Priority
 from scheduler.policies.slice import SlicePolicy
 from scheduler.sim import native as simloop
 from scheduler.sim.simulator import simulate
+from scheduler.sim.types import Prediction
 from tests.scheduler.views import make_view, req
 
 
@@ -71,10 +74,25 @@ def test_the_accuracy_report_shows_every_repeat(capsys: pytest.CaptureFixture[st
     assert "differ by 3.10% end-to-end, 5.20% per request" in out
     assert "twins 3.10% / 5.20%" in out
     assert "without learning" not in out
+    _report({"accuracy": {**acc, "op_ratio_layers": 1.3, "op_ratio_head": 0.9}}, 200, 2)
+    assert "per op kind (medians): layers 1.30x, head 0.90x" in capsys.readouterr().out
     _report({"accuracy": {**acc, "without_learning": {**acc, "e2e_error": 0.0812}}}, 200, 2)
     out = capsys.readouterr().out
     assert "accuracy: end-to-end" in out and "error 6.50%" in out
     assert "without learning co-location online: end-to-end" in out and "error 8.12%" in out
+
+
+def test_op_ratios_weigh_each_kind_by_time_and_skip_ops_that_never_ran() -> None:
+    spans = {0: ("embed", 0.0, 0.01, 0.0, 0.01), 1: ("layers[0:5]", 0.01, 0.05, 0.01, 0.03),
+             2: ("layers[5:10]", 0.05, 0.11, 0.03, 0.06), 3: ("head", 0.11, 0.115, 0.06, 0.07),
+             4: ("head", None, None, 0.07, 0.08)}  # (name, ran from, to, predicted from, to)
+    ops = [OpInstance(i, name, OpRole.COMPUTE, i, "cpu:0", Priority.HIGH, SHAPE, ("r",),
+                      start=a, end=b) for i, (name, a, b, _, _) in spans.items()]
+    pred = Prediction({i: s[3] for i, s in spans.items()}, {i: s[4] for i, s in spans.items()},
+                      {}, {}, False, 0.08)
+    # layers ran 0.04 + 0.06 s against 0.02 + 0.03 predicted; head 5 ms against 10
+    assert op_ratios(pred, ops) == pytest.approx(
+        {"op_ratio_embed": 1.0, "op_ratio_head": 0.5, "op_ratio_layers": 2.0})
 
 
 def test_prediction_error_and_the_spread_of_identical_runs() -> None:
