@@ -25,7 +25,6 @@ from gateway.config import GatewayConfig, SchedulerSettings, ServerSettings
 from gateway.engine import Engine, eos_ids
 from gateway.server import make_server
 from gateway.tenants import TenantsConfig, parse_tenants
-from models.sampling_params import SamplingParams
 from scheduler.api import Request
 from scheduler.testing.fake import FakeConfig, FakeScheduler
 
@@ -145,21 +144,6 @@ class LiveServer:
 def live_server(config: GatewayConfig, engine: Engine) -> Iterator[LiveServer]:
     with LiveServer(config, engine) as server:
         yield server
-
-
-def record_sampling(engine: Engine) -> list[SamplingParams]:
-    """Every submitted request's SamplingParams, in order."""
-    seen: list[SamplingParams] = []
-    fake = engine.scheduler
-    assert isinstance(fake, FakeScheduler)
-    submit = fake.submit
-
-    def record(request: Request):  # type: ignore[no-untyped-def]
-        seen.append(request.sampling)
-        return submit(request)
-
-    fake.submit = record  # type: ignore[method-assign]
-    return seen
 
 
 class FakeAdapterHost:

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from gateway.engine import engine_for_model
 from models.loader import load
-from tests.gateway.harness import EngineFactory, live_server, make_config, record_sampling, running
+from tests.gateway.harness import EngineFactory, live_server, make_config, record_requests, running
 from tests.scheduler.conftest import make_scheduler
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -21,7 +21,7 @@ PROMPT = [5, 17, 42, 99, 17, 5, 300, 8]
 
 async def test_penalties_and_bias_become_sampling_params(make_engine: EngineFactory) -> None:
     engine = make_engine()
-    seen = record_sampling(engine)
+    seen = record_requests(engine)
     async with running(make_config(), engine) as h:
         for url, body in (("/v1/completions", {"prompt": "Hi"}),
                           ("/v1/chat/completions",
@@ -31,7 +31,7 @@ async def test_penalties_and_bias_become_sampling_params(make_engine: EngineFact
                 "repetition_penalty": 1.2, "logit_bias": {"12": 5, "3": -100}})
             assert response.status_code == 200, response.text
         await h.client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2})
-    *given, plain = seen
+    *given, plain = [r.sampling for r in seen]
     for p in given:
         assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (0.5, -1, 1.2)
         assert p.logit_bias == ((3, -100.0), (12, 5.0)) and p.adjusts_logits

@@ -17,10 +17,15 @@ import pytest
 from gateway.admission import prefix_cache_salt
 from gateway.protocol import MAX_CACHE_SALT_CHARS
 from gateway.tenants import Tenant, parse_tenants
-from scheduler.api import Request
-from scheduler.testing.fake import FakeScheduler
 from tests.gateway.batches.helpers import COMPLETIONS, line, submit, wait_for
-from tests.gateway.harness import TENANTS_YAML, EngineFactory, Harness, make_config, running
+from tests.gateway.harness import (
+    TENANTS_YAML,
+    EngineFactory,
+    Harness,
+    make_config,
+    record_requests,
+    running,
+)
 from tests.serve import GatewayProcess
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -33,20 +38,6 @@ SHARED_YAML = TENANTS_YAML + """\
     api_keys: [sk-b-1]
     share_prefix_cache: true
 """
-
-
-def _record_salts(h: Harness) -> list[str]:
-    seen: list[str] = []
-    fake = h.engine.scheduler
-    assert isinstance(fake, FakeScheduler)
-    submit = fake.submit
-
-    def record(request: Request):  # type: ignore[no-untyped-def]
-        seen.append(request.cache_salt)
-        return submit(request)
-
-    fake.submit = record  # type: ignore[method-assign]
-    return seen
 
 
 def _body(chat: bool, **extra: Any) -> dict[str, Any]:
@@ -74,31 +65,33 @@ async def test_a_request_salt_cannot_pose_as_another_tenant() -> None:
 @pytest.mark.parametrize("chat", [False, True])
 async def test_salts_reach_the_scheduler(make_engine: EngineFactory, chat: bool) -> None:
     async with running(make_config(parse_tenants(SHARED_YAML)), make_engine()) as h:
-        salts = _record_salts(h)
+        salts = record_requests(h.engine)
         for key, extra in (("sk-ide-1", {}), ("sk-chat-1", {}), ("sk-a-1", {}), ("sk-b-1", {}),
                            ("sk-ide-1", {"cache_salt": "s1"}), ("sk-a-1", {"cache_salt": "s1"}),
                            ("sk-b-1", {"cache_salt": "s1"})):
             assert await _post(h, key, chat, **extra) == 200
-    assert salts == ["tenant:ide", "tenant:chat", "", "", "10:tenant:ides1", "0:s1", "0:s1"]
+    assert [r.cache_salt for r in salts] == ["tenant:ide", "tenant:chat", "", "", "10:tenant:ides1",
+                                             "0:s1", "0:s1"]
 
 
 async def test_auth_off_keys_every_request_alike(make_engine: EngineFactory) -> None:
     async with running(make_config(), make_engine()) as h:
-        salts = _record_salts(h)
+        salts = record_requests(h.engine)
         for chat in (False, True, False):
             assert await _post(h, "none", chat) == 200
         assert await _post(h, "none", False, cache_salt="s") == 200
-    assert len(set(salts[:3])) == 1 and salts[3] != salts[0]
+    keys = [r.cache_salt for r in salts]
+    assert len(set(keys[:3])) == 1 and keys[3] != keys[0]
 
 
 async def test_a_batch_line_keeps_its_cache_salt(make_engine: EngineFactory) -> None:
     async with running(make_config(parse_tenants(SHARED_YAML)), make_engine()) as h:
-        salts = _record_salts(h)
+        salts = record_requests(h.engine)
         lines = [line(0, COMPLETIONS, cache_salt="s1"), line(1, COMPLETIONS)]
         batch = await submit(h.client, "sk-nightly-1", lines, COMPLETIONS)
         done = await wait_for(h.client, "sk-nightly-1", batch["id"])
     assert done["request_counts"]["completed"] == 2
-    assert sorted(salts) == ["14:tenant:nightlys1", "tenant:nightly"]
+    assert sorted(r.cache_salt for r in salts) == ["14:tenant:nightlys1", "tenant:nightly"]
 
 
 @pytest.mark.parametrize(("value", "problem"), [

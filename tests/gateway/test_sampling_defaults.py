@@ -21,7 +21,7 @@ from gateway.sampling_defaults import (
 )
 from models.loader import load
 from scheduler.testing.fake import FakeScheduler
-from tests.gateway.harness import EngineFactory, make_config, record_sampling, running
+from tests.gateway.harness import EngineFactory, make_config, record_requests, running
 from tests.serve import GatewayProcess
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -79,7 +79,7 @@ async def test_auto_none_and_a_folder(tmp_path: Path) -> None:
 
 async def test_defaults_fill_what_a_request_omits(make_engine: EngineFactory) -> None:
     engine = dataclasses.replace(make_engine(), sampling_defaults=RECOMMENDED)
-    seen = record_sampling(engine)
+    seen = record_requests(engine)
     async with running(make_config(), engine) as h:
         models = (await h.client.get("/v1/models")).json()["data"][0]
         assert models["sampling_defaults"] == RECOMMENDED.as_dict()
@@ -95,17 +95,17 @@ async def test_defaults_fill_what_a_request_omits(make_engine: EngineFactory) ->
                                                               "repetition_penalty": 1})
         assert greedy.status_code == 200
     assert [(p.temperature, p.top_p, p.top_k, p.max_tokens, p.repetition_penalty)
-            for p in seen] == [(0.2, 0.9, 40, 7, 1.2), (0.7, 1.0, 0, 3, 1.2),
+            for p in [r.sampling for r in seen]] == [(0.2, 0.9, 40, 7, 1.2), (0.7, 1.0, 0, 3, 1.2),
                                (0.0, 0.9, 40, 7, 1.0)]
 
 
 async def test_without_defaults_the_openai_ones_apply(make_engine: EngineFactory) -> None:
     engine = make_engine()
-    seen = record_sampling(engine)
+    seen = record_requests(engine)
     async with running(make_config(), engine) as h:
         assert (await h.client.get("/v1/models")).json()["data"][0]["sampling_defaults"] == {}
         await h.client.post("/v1/completions", json={"prompt": "Hi", "ignore_eos": True})
-    [p] = seen
+    [p] = [r.sampling for r in seen]
     assert (p.temperature, p.top_p, p.top_k, p.max_tokens) == (1.0, 1.0, 0, 16)
     assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (0, 0, 1)
     assert p.logit_bias == () and not p.adjusts_logits
