@@ -110,6 +110,7 @@ class Request:
     constraint: Constraint | None = field(default=None, compare=False)
     trace: bool = False  # record its plans: its last event carries a `RequestTrace`
     adapter: str | None = None  # the LoRA adapter it runs with (models/lora.py); None = base
+    model: str = ""  # the base model of a server of several (models/modelset.py); "" = the first
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

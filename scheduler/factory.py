@@ -10,6 +10,7 @@ import torch
 from executors.interference import Interference
 from executors.types import Device, Priority
 from models.loader import Model
+from models.modelset import ModelSet
 from scheduler.config import SchedulerConfig
 from scheduler.core.execution import ExecutorFactory, cpu_threads, default_factory
 from scheduler.core.faults import faulty
@@ -76,7 +77,7 @@ def build_scheduler(model: Model, devices: list[Device], cfg: SchedulerConfig,
                     threads: int = 1) -> Scheduler:
     """Profile (or load cached) estimators on `threads` intra-op threads (the CPU executors'),
     then make the scheduler; refits stay online."""
-    est = estimators or load_or_profile(model, profiled_as(devices), threads=threads)
+    est = estimators or profiled(model, profiled_as(devices), threads)
     simloop.library()  # NOTE: the simulator's C loop built now (~0.4 s on a fresh cache),
     # not in the first round that simulates
     bandwidth = est.copy_bandwidth_bytes_s or FALLBACK_BANDWIDTH_BYTES_S
@@ -92,12 +93,31 @@ def build_scheduler(model: Model, devices: list[Device], cfg: SchedulerConfig,
         gmg.interference = inter
 
     est.on_interference = learnt
-    sched.profiler = PairProfiler(model, est, devices=[d.name for d in devices if d.node is None],
+    local = [d.name for d in devices if d.node is None]
+    sched.profiler = PairProfiler(first_model(model), est, devices=local,
                                   idle=lambda: not gmg.scheduled, threads=threads,
                                   on_device=sched.exec.on_device,
                                   load=lambda: interactive_load(sched))
     est.on_drift = sched.profiler.request_kind
     return sched
+
+
+def profiled(model: Model, devices: list[Device], threads: int) -> Estimators:
+    """The estimators of `model` (cached or profiled now); of a model set, every member's
+    under its op names in the set. NOTE: the set's estimators object is its first member's,
+    so transfers and interference are profiled once."""
+    if not isinstance(model, ModelSet):
+        return load_or_profile(model, devices, threads=threads)
+    parts = [(m.name, load_or_profile(m.model, devices, threads=threads)) for m in model.members]
+    est = parts[0][1]
+    est.take_models(parts)
+    return est
+
+
+def first_model(model: Model) -> Model:
+    """What a background re-profile measures: the model, or a set's first member.
+    NOTE: a re-profile of a set refits transfers; its op refits keep to the first model."""
+    return model.members[0].model if isinstance(model, ModelSet) else model
 
 
 def interactive_load(sched: Scheduler) -> ServingLoad:
