@@ -19,6 +19,7 @@ from scheduler.cost.deferral import ServingLoad
 from scheduler.cost.estimators import FALLBACK_BANDWIDTH_BYTES_S, FALLBACK_MARGIN, Estimators
 from scheduler.cost.profiling import cpu_hosts, fallback_coefficients, load_or_profile
 from scheduler.cost.reprofile import PairProfiler
+from scheduler.memory.pools import check_weights
 from scheduler.scheduler import Scheduler
 from scheduler.sim import native as simloop
 
@@ -77,6 +78,7 @@ def build_scheduler(model: Model, devices: list[Device], cfg: SchedulerConfig,
                     threads: int = 1) -> Scheduler:
     """Profile (or load cached) estimators on `threads` intra-op threads (the CPU executors'),
     then make the scheduler; refits stay online."""
+    check_weights(model, devices)
     est = estimators or profiled(model, profiled_as(devices), threads)
     simloop.library()  # NOTE: the simulator's C loop built now (~0.4 s on a fresh cache),
     # not in the first round that simulates

@@ -39,6 +39,14 @@ def reserve_weights(ledger: MemoryLedger, device: Device, weights: int, note: st
                          "or run fewer models there")
 
 
+def check_weights(model: Model, devices: list[Device]) -> None:
+    """ValueError, with the numbers, when a device cannot hold the weights it would run
+    (before minutes of profiling; `kv_pools` counts them again with the rest)."""
+    for d in devices:
+        reserve_weights(MemoryLedger(d.memory_bytes), d, model.weight_bytes_on(d.name),
+                        model.weights_note(d.name))
+
+
 def kv_pools(model: Model, devices: list[Device], ledgers: dict[str, MemoryLedger],
              cfg: SchedulerConfig) -> dict[str, KVCache]:
     """Reserve weights and activations on every device; the rest of its budget is KV."""
