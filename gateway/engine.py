@@ -195,6 +195,9 @@ def build_engine(config: GatewayConfig) -> Engine:
     """Load `config.model` and its LoRA adapters, profile (or load cached) estimators, build
     the scheduler. AdapterStartupError for an adapter that cannot be served."""
     if config.scheduler.ray_address is not None:
+        if config.model.models:
+            raise ValueError("several models in one server are not supported on Ray "
+                             "executors yet (docs/models.md)")
         model = load(config.model.spec, dtype=config.model.dtype, threads=cpu_threads(1))
         # NOTE: the actors load their own models; adapters would not reach them
         adapters = startup_adapters(NoAdapters("LoRA adapters are not supported on Ray "
