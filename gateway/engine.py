@@ -23,17 +23,11 @@ from gateway.sampling_defaults import SamplingDefaults, load_sampling_defaults
 from gateway.tools.formats import DEFAULT_FORMAT, KNOWN_FORMATS, CallFormat, resolve_format
 from models.grammar import Grammars
 from models.loader import load
-from models.modelset import model_set
+from models.modelset import first_model, model_set
 from models.warmup import warm_rows
 from scheduler.api import SchedulerAPI
 from scheduler.config import SchedulerConfig
-from scheduler.factory import (
-    build_scheduler,
-    cpu_threads,
-    first_model,
-    local_executors,
-    parse_devices,
-)
+from scheduler.factory import build_scheduler, cpu_threads, local_executors, parse_devices
 from scheduler.scheduler import Scheduler
 
 if TYPE_CHECKING:
@@ -213,7 +207,9 @@ def build_engine(config: GatewayConfig) -> Engine:
     model = load_models(config, threads)
     # NOTE: before the scheduler, whose memory reserve for adapters counts those loaded
     host = ModelAdapters(first_model(model))
-    adapters = startup_adapters(host, config.model.lora, base_names(model, config))
+    # NOTE: no adapter may take the name of any base model
+    reserved = (*base_names(model, config), *(m.name for m in config.model.models[1:]))
+    adapters = startup_adapters(host, config.model.lora, reserved)
     cfg = scheduler_config(config.scheduler, _max_len(model, config),
                            config.model.lora_reserve_gib)
     # NOTE: the warm-up runs before profiling, which it would slow

@@ -7,7 +7,8 @@ In a config file::
         - {name: chat, spec: default, devices: [cpu:0]}
         - {name: batch, spec: default, dtype: float32}
 
-or on the command line `--model chat=default --model batch=default` (repeated). A
+or on the command line `--model chat=default@cpu:0 --model batch=default` (repeated;
+`@DEVICE,...` names its devices). A
 request's `model` picks one by name; the first is what requests without `model`
 (and tenants without `default_model`) run on.
 """
@@ -50,7 +51,8 @@ class ModelEntry:
 
 
 def parse_models(value: Any) -> tuple[ModelEntry, ...]:
-    """`[{name, spec, dtype, devices}, ...]` or `["NAME=SPEC", ...]` -> validated entries;
+    """`[{name, spec, dtype, devices}, ...]` or `["NAME=SPEC[@DEVICE,...]", ...]` -> validated
+    entries;
     () for none. ModelEntryError for a bad entry or a name given twice."""
     if value is None:
         return ()
@@ -68,7 +70,9 @@ def _entry(item: Any) -> ModelEntry:
         return item
     if isinstance(item, str) and "=" in item:
         name, _, spec = item.partition("=")
-        return ModelEntry(name.strip(), spec.strip())
+        spec, at, devices = spec.partition("@")
+        return ModelEntry(name.strip(), spec.strip(), None,
+                          tuple(d.strip() for d in devices.split(",")) if at else None)
     if isinstance(item, Mapping):
         unknown = set(item) - {"name", "spec", "dtype", "devices"}
         if unknown:

@@ -71,6 +71,12 @@ class ModelSet(Model):
         return {m.name: frozenset(d for d in devices if m.runs_on(d)) for m in self.members}
 
 
+def first_model(model: Model) -> Model:
+    """The model itself, or a set's first member: what runs the work that takes one chain
+    (a direct timing, the warm-up, a background re-profile of op kinds, LoRA adapters)."""
+    return model.members[0].model if isinstance(model, ModelSet) else model
+
+
 def kv_geometry(model: Model) -> tuple[object, ...]:
     c = model.config
     return (c.num_layers, c.num_kv_heads, c.head_dim, model.dtype)

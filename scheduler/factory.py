@@ -10,7 +10,7 @@ import torch
 from executors.interference import Interference
 from executors.types import Device, Priority
 from models.loader import Model
-from models.modelset import ModelSet
+from models.modelset import ModelSet, first_model
 from scheduler.config import SchedulerConfig
 from scheduler.core.execution import ExecutorFactory, cpu_threads, default_factory
 from scheduler.core.faults import faulty
@@ -96,6 +96,7 @@ def build_scheduler(model: Model, devices: list[Device], cfg: SchedulerConfig,
 
     est.on_interference = learnt
     local = [d.name for d in devices if d.node is None]
+    # NOTE: a re-profile of a set refits transfers; its op refits keep to the first model
     sched.profiler = PairProfiler(first_model(model), est, devices=local,
                                   idle=lambda: not gmg.scheduled, threads=threads,
                                   on_device=sched.exec.on_device,
@@ -114,12 +115,6 @@ def profiled(model: Model, devices: list[Device], threads: int) -> Estimators:
     est = parts[0][1]
     est.take_models(parts)
     return est
-
-
-def first_model(model: Model) -> Model:
-    """What a background re-profile measures: the model, or a set's first member.
-    NOTE: a re-profile of a set refits transfers; its op refits keep to the first model."""
-    return model.members[0].model if isinstance(model, ModelSet) else model
 
 
 def interactive_load(sched: Scheduler) -> ServingLoad:

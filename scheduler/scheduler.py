@@ -26,6 +26,7 @@ from models.batch import BatchSource, SeqSpec, TokenHistory
 from models.loader import Model
 from models.logprobs import TokenLogprobs, unpack
 from models.lora import AdapterError
+from models.modelset import first_model
 from models.template import OpKind
 from scheduler.api import (
     NO_DEVICE,
@@ -592,7 +593,8 @@ class Scheduler(Components):
 
     async def time_direct(self, prompt_ids: list[int], max_tokens: int,
                           device: str | None = None) -> DirectTiming:
-        return await time_direct(self.exec, self.model, list(self.devices), prompt_ids,
+        return await time_direct(self.exec, first_model(self.model), list(self.devices),
+                                 prompt_ids,
                                  max_tokens, self.cfg.block_size, device)
 
     def timeline(self, since: float) -> list[dict[str, Any]]:

@@ -26,11 +26,11 @@ def test_a_config_files_models_list(tmp_path: Path) -> None:
 
 
 def test_repeated_model_flags_name_the_models_and_one_spec_stays_one_model() -> None:
-    args = build_parser().parse_args(["serve", "--model", "chat=default", "--model",
+    args = build_parser().parse_args(["serve", "--model", "chat=default@cpu:0", "--model",
                                       "batch=default"])
     config = config_from_args(args)
-    assert [(e.name, e.spec) for e in config.model.models] == [("chat", "default"),
-                                                               ("batch", "default")]
+    assert config.model.models == (ModelEntry("chat", "default", None, ("cpu:0",)),
+                                   ModelEntry("batch", "default"))
     one = config_from_args(build_parser().parse_args(["serve", "--model", "tiny-random"]))
     assert one.model.spec == "tiny-random" and one.model.models == ()
     assert one.served_model_name == "tiny-random"
@@ -43,6 +43,7 @@ def test_repeated_model_flags_name_the_models_and_one_spec_stays_one_model() -> 
     ([{"name": " bad", "spec": "default"}], "model name"),
     ([{"name": "chat", "devices": []}], "devices"),
     (["default"], "NAME=SPEC"),
+    (["chat=default@"], "devices"),
     ("chat=default", "a list"),
 ])
 def test_bad_entries_are_config_errors(models: object, says: str) -> None:

@@ -88,6 +88,9 @@ def test_tenants_use_their_models_and_default_model(server: GatewayProcess) -> N
         r = httpx.post(f"{server.url}/v1/completions", timeout=60, json={
             "prompt": PROMPT, "max_tokens": 2}, headers={"Authorization": f"Bearer {key}"})
         assert r.status_code == 200 and r.json()["model"] == model  # no `model`: the default
+    direct = httpx.post(f"{server.url}/admin/direct", timeout=60, json={
+        "prompt": PROMPT, "max_tokens": 2}, headers={"Authorization": "Bearer sk-admin-1"})
+    assert direct.status_code == 200 and direct.json()["total_s"] > 0  # the first model's chain
     metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
     assert 'model_name="batch",priority="low",tenant="nightly"' in metrics
     assert 'model_name="chat",priority="high",tenant="ide"' in metrics
