@@ -70,9 +70,9 @@ def _entry(item: Any) -> ModelEntry:
         return item
     if isinstance(item, str) and "=" in item:
         name, _, spec = item.partition("=")
-        spec, at, devices = spec.partition("@")
+        spec, at, on = spec.partition("@")
         return ModelEntry(name.strip(), spec.strip(), None,
-                          tuple(d.strip() for d in devices.split(",")) if at else None)
+                          tuple(d.strip() for d in on.split(",")) if at else None)
     if isinstance(item, Mapping):
         unknown = set(item) - {"name", "spec", "dtype", "devices"}
         if unknown:
