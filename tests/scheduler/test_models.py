@@ -119,6 +119,19 @@ async def test_both_models_run_to_the_end_on_one_scheduler() -> None:
     assert {op.device for op in compute if op.name.startswith("batch/")} == set(DEVICES)
 
 
+@pytest.mark.parametrize("policy", ["fcfs", "priority", "static"])
+async def test_every_policy_keeps_each_model_on_its_devices(policy: str) -> None:
+    async with ClusterRun(policy, model=two_models()) as run:
+        outs = [run.submit(f"c{i}", Priority.HIGH, 30, 3, slo_s=0.5, model="chat")
+                for i in range(2)]
+        outs += [run.submit(f"b{i}", Priority.LOW, 100, 3, model="batch") for i in range(3)]
+        await run.run_out()
+    assert all(len(o.tokens) == 3 and o.error is None for o in outs)
+    chat = {op.device for op in run.ops if op.role is OpRole.COMPUTE
+            and op.name.startswith("chat/")}
+    assert chat == {"cpu:0"}
+
+
 async def test_the_prefix_cache_keeps_each_models_blocks_to_itself() -> None:
     prompt = [5 + i % 40 for i in range(64)]
     async with ClusterRun("slice", model=two_models()) as run:
