@@ -12,6 +12,7 @@ from executors.types import Device, Priority
 from models.loader import Model
 from models.modelset import ModelSet, first_model
 from scheduler.config import SchedulerConfig
+from scheduler.core.components import model_devices
 from scheduler.core.execution import ExecutorFactory, cpu_threads, default_factory
 from scheduler.core.faults import faulty
 from scheduler.cost import firstrows
@@ -79,6 +80,7 @@ def build_scheduler(model: Model, devices: list[Device], cfg: SchedulerConfig,
     """Profile (or load cached) estimators on `threads` intra-op threads (the CPU executors'),
     then make the scheduler; refits stay online."""
     check_weights(model, devices)
+    model_devices(model, [d.name for d in devices], cfg)  # NOTE: its errors before profiling
     est = estimators or profiled(model, profiled_as(devices), threads)
     simloop.library()  # NOTE: the simulator's C loop built now (~0.4 s on a fresh cache),
     # not in the first round that simulates

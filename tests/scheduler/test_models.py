@@ -14,6 +14,7 @@ from models.batch import BatchShape
 from models.modelset import ModelSet, model_set
 from scheduler.config import SchedulerConfig
 from scheduler.cost.estimators import Estimators
+from scheduler.factory import build_scheduler
 from scheduler.policies import make_policy
 from scheduler.round.plan import Builder
 from scheduler.round.requestview import RequestView
@@ -164,6 +165,18 @@ def test_weights_that_do_not_fit_their_devices_fail_at_start_up_with_the_numbers
     with pytest.raises(ValueError, match="not among the devices"):
         Scheduler(model_set([("chat", weightless(), ("cpu:7",))]),
                   [Device(d, 64 << 20) for d in DEVICES], "slice", linear_time, xfer_time)
+
+
+def test_the_factory_refuses_a_bad_set_before_profiling() -> None:
+    devs = [Device(d, 64 << 20) for d in DEVICES]
+    cfg = SchedulerConfig(policy="slice")
+    with pytest.raises(ValueError, match="not among the devices"):  # weightless: no profile
+        build_scheduler(model_set([("chat", weightless(), ("cpu:7",))]), devs, cfg)
+    with pytest.raises(ValueError, match="cannot hold"):
+        build_scheduler(two_models(), [Device("cpu:0", 1 << 10), *devs[1:]], cfg)
+    with pytest.raises(ValueError, match="provisioning"):
+        build_scheduler(two_models(), devs, SchedulerConfig(policy="slice",
+                                                            provisioning="opscale"))
 
 
 def test_the_estimators_are_keyed_by_model() -> None:
