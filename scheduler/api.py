@@ -157,6 +157,9 @@ class SchedulerStats:
 
     num_running: dict[tuple[str, str], int] = field(default_factory=dict)  # (tenant, class)
     num_waiting: dict[tuple[str, str], int] = field(default_factory=dict)  # (tenant, class)
+    # with several models (models/modelset.py): the same two counts per (model, tenant, class)
+    num_running_by_model: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    num_waiting_by_model: dict[tuple[str, str, str], int] = field(default_factory=dict)
     kv_cache_usage: float = 0.0  # used / total KV blocks over all devices, in [0, 1]
     num_preemptions: dict[tuple[str, str], int] = field(default_factory=dict)  # cumulative
     kv_swapped_bytes: int = 0  # KV copied to host memory by preemptions, cumulative

@@ -133,6 +133,18 @@ async def test_every_policy_keeps_each_model_on_its_devices(policy: str) -> None
     assert chat == {"cpu:0"}
 
 
+async def test_the_stats_count_requests_per_model() -> None:
+    async with ClusterRun("slice", model=two_models()) as run:
+        run.submit("c", Priority.HIGH, 30, 2, slo_s=0.5, model="chat")
+        run.submit("b", Priority.LOW, 30, 2, model="batch")
+        run.submit("d", Priority.LOW, 30, 2)  # no model: the first
+        stats = run.sched.stats()
+        await run.run_out()
+    assert stats.num_waiting_by_model == {("chat", "t", "high"): 1, ("batch", "t", "low"): 1,
+                                          ("chat", "t", "low"): 1}
+    assert run.sched.stats().num_running_by_model == {}
+
+
 async def test_the_prefix_cache_keeps_each_models_blocks_to_itself() -> None:
     prompt = [5 + i % 40 for i in range(64)]
     async with ClusterRun("slice", model=two_models()) as run:
