@@ -164,6 +164,8 @@ class ModelSettings:
             object.__setattr__(self, "models", parse_models(self.models))
         except ModelEntryError as exc:
             raise ConfigError(f"model.models: {exc}") from None
+        _require(not (self.models and self.served_model_name), "model.served_model_name",
+                 "unset with model.models (each model's name is what clients send)")
         _require(_is_number(self.lora_reserve_gib) and self.lora_reserve_gib >= 0,
                  "model.lora_reserve_gib", "a non-negative number")
         try:

@@ -36,6 +36,11 @@ def test_repeated_model_flags_name_the_models_and_one_spec_stays_one_model() -> 
     assert one.served_model_name == "tiny-random"
 
 
+def test_a_served_model_name_beside_several_models_is_refused() -> None:
+    with pytest.raises(ConfigError, match="model.served_model_name"):
+        load_config(None, {"model.models": ["chat=default"], "model.served_model_name": "x"})
+
+
 @pytest.mark.parametrize(("models", "says"), [
     (["chat=default", "chat=default"], "named twice"),
     ([{"name": "chat", "spec": "default", "dtype": "int4"}], "dtype"),
