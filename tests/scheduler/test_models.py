@@ -102,6 +102,21 @@ def test_a_model_runs_only_on_its_devices_and_never_shares_a_batch() -> None:
         assert all(op.name.startswith(f"{model}/") for op in ops)
 
 
+def test_nothing_is_preempted_on_a_device_the_waiting_model_does_not_run_on() -> None:
+    s = two_models()
+    hp = of("chat", req("hp", Priority.HIGH, prompt=40, slo=1.0))
+    on1 = ("cpu:1",) * 12
+    low = of("batch", req("low", Priority.LOW, prompt=40, computed=40, output=1, placement=on1,
+                          blocks=10))
+    d = make_policy("slice").schedule(view_of(s, waiting=[hp], runnable=[low], free_blocks=0))
+    assert not d.preemptions and not d.admissions  # chat waits for cpu:0; low keeps cpu:1
+    near = of("batch", req("near", Priority.LOW, prompt=40, computed=40, output=1,
+                           placement=("cpu:0",) * 12, blocks=10))
+    d = make_policy("slice").schedule(view_of(s, waiting=[hp], runnable=[low, near],
+                                              free_blocks=0))
+    assert [p.rid for p in d.preemptions] == ["near"] and d.admissions[0].rid == "hp"
+
+
 async def test_both_models_run_to_the_end_on_one_scheduler() -> None:
     cfg = SchedulerConfig(policy="slice", max_model_len=1024, max_batch_tokens=512,
                           default_ttft_slo_s=1.0)
