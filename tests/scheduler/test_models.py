@@ -117,6 +117,18 @@ def test_nothing_is_preempted_on_a_device_the_waiting_model_does_not_run_on() ->
     assert [p.rid for p in d.preemptions] == ["near"] and d.admissions[0].rid == "hp"
 
 
+def test_a_prompt_of_a_model_that_does_not_run_there_is_not_packed_into_a_batch() -> None:
+    s = model_set([("chat", weightless(), ("cpu:0",)), ("batch", weightless(), ("cpu:1",))])
+    busy1 = SimOp(9, "batch/layers[0:1]", "cpu:1", Priority.HIGH, (), 0.5, 0.0, 0.0, 0, (), 0.0)
+    waiting = [of("chat", req("a", Priority.HIGH, prompt=40, slo=1.0)),
+               of("batch", req("b", Priority.HIGH, prompt=40, arrival=0.01, slo=1.0)),
+               of("chat", req("c", Priority.HIGH, prompt=40, arrival=0.02, slo=1.0))]
+    d = make_policy("slice").schedule(view_of(s, waiting=waiting, ops=(busy1,),
+                                              prefills={("cpu:1", Priority.HIGH): 1}))
+    assert not d.failures
+    assert [a.rid for a in d.admissions] == ["a"]  # "b" waits for cpu:1; "c" behind it
+
+
 async def test_both_models_run_to_the_end_on_one_scheduler() -> None:
     cfg = SchedulerConfig(policy="slice", max_model_len=1024, max_batch_tokens=512,
                           default_ttft_slo_s=1.0)
