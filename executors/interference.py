@@ -23,7 +23,9 @@ OP_CLASSES = ("embed", "layers", "head", "send")  # what interferes; RECVs and o
 
 
 def op_class(name: str) -> str | None:
-    """The interference class of an op name: a layer group is `layers`; a RECV is none."""
+    """The interference class of an op name: a layer group is `layers`; a RECV is none.
+    A model set's op (`NAME/head`) is of its op's class."""
+    name = name.rpartition("/")[2]
     if name.startswith("layers["):
         return "layers"
     return name if name in OP_CLASSES else None

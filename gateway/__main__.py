@@ -32,7 +32,7 @@ from models.cpu import keep_threads
 
 # flag dest -> config key (`section.field`)
 _OVERRIDES = {
-    "model": "model.spec", "served_model_name": "model.served_model_name",
+    "served_model_name": "model.served_model_name",
     "dtype": "model.dtype", "max_model_len": "model.max_model_len",
     "generation_config": "model.generation_config", "fim": "model.fim",
     "tool_parser": "model.tool_parser", "lora_reserve_gib": "model.lora_reserve_gib",
@@ -64,7 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     s = commands.add_parser("serve", help="run the HTTP server")
     s.add_argument("--config", help="YAML or TOML config file (flags override it)")
-    s.add_argument("--model", help="model spec: 'default', a folder or a hub id")
+    s.add_argument("--model", action="append",
+                   help="model spec: 'default', a folder or a hub id; or NAME=SPEC, repeated, "
+                        "for several models in one server (docs/models.md)")
     s.add_argument("--served-model-name", help="the model name clients send")
     s.add_argument("--dtype", choices=DTYPES)
     s.add_argument("--max-model-len", type=int, help="context limit in tokens")
@@ -141,6 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
     overrides: dict[str, Any] = {key: getattr(args, dest) for dest, key in _OVERRIDES.items()
                                  if getattr(args, dest) is not None}
+    if args.model and any("=" in m for m in args.model):
+        overrides["model.models"] = list(args.model)
+    elif args.model:
+        overrides["model.spec"] = args.model[-1]
     if args.lora or args.lora_modules:  # NOTE: flags replace the config file's adapters
         overrides["model.lora"] = [*(args.lora or ()), *(args.lora_modules or ())]
     if args.ray_address is not None and args.devices is None:

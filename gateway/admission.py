@@ -150,7 +150,8 @@ def _admit(admission: Admission, tenant: Tenant, priority: Priority,
                 cache_salt=prefix_cache_salt(tenant, options.cache_salt),
                 constraint=None if options.structured is None
                 else constraint_for(engine.grammars, options.structured),
-                trace=admission.tracer is not None, adapter=target.adapter),
+                trace=admission.tracer is not None, adapter=target.adapter,
+                model=target.base),
                 engine, options.stop, echo, leader)
             generations.append(generation)
             if j == 0 and _share_prefill(options, engine):

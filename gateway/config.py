@@ -33,6 +33,7 @@ import yaml
 from gateway.adapters import ADAPTER_NAME, NAME_RULE
 from gateway.fim import parse_fim_setting
 from gateway.logs import LOG_FORMATS, LOG_LEVELS
+from gateway.model_entries import ModelEntryError, parse_models
 from gateway.tenants import TenantsConfig, load_tenants
 from gateway.tools.formats import parse_tool_parser_setting
 from gateway.transport import CorsSettings, TlsSettings, TransportError
@@ -153,9 +154,18 @@ class ModelSettings:
     # LoRA adapters loaded at start-up: name -> PEFT folder (or a list of "NAME=PATH")
     lora: Any = field(default_factory=dict)
     lora_reserve_gib: float = 0.0  # kept on each device for adapters loaded at run time
+    # several base models in one server (gateway/model_entries.py, docs/models.md); empty:
+    # the one model of `spec`
+    models: Any = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lora", parse_lora(self.lora))
+        try:
+            object.__setattr__(self, "models", parse_models(self.models))
+        except ModelEntryError as exc:
+            raise ConfigError(f"model.models: {exc}") from None
+        _require(not (self.models and self.served_model_name), "model.served_model_name",
+                 "unset with model.models (each model's name is what clients send)")
         _require(_is_number(self.lora_reserve_gib) and self.lora_reserve_gib >= 0,
                  "model.lora_reserve_gib", "a non-negative number")
         try:
@@ -320,6 +330,8 @@ class GatewayConfig:
 
     @property
     def served_model_name(self) -> str:
+        if self.model.models:  # NOTE: several models: the first's name (docs/models.md)
+            return self.model.models[0].name
         return self.model.served_model_name or self.model.spec
 
 

@@ -23,6 +23,7 @@ from gateway.sampling_defaults import SamplingDefaults, load_sampling_defaults
 from gateway.tools.formats import DEFAULT_FORMAT, KNOWN_FORMATS, CallFormat, resolve_format
 from models.grammar import Grammars
 from models.loader import load
+from models.modelset import first_model, model_set
 from models.warmup import warm_rows
 from scheduler.api import SchedulerAPI
 from scheduler.config import SchedulerConfig
@@ -59,6 +60,8 @@ class Engine:
     created: int = field(default_factory=lambda: int(time.time()))  # unix s, for /v1/models
     adapters: Adapters = field(default_factory=Adapters)  # LoRA adapters, by name (mutable)
     root: str = ""  # where the weights came from (/v1/models `root`, as vLLM's)
+    # the other base models one scheduler serves beside `served_model_name` (docs/models.md)
+    base_models: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_model_len < 2:
@@ -67,8 +70,10 @@ class Engine:
             raise ValueError("vocab_size must be >= 1")
 
     def serves(self, model: str | None) -> bool:
-        """Whether a request's `model` names this model (None: the client did not say)."""
-        return model is None or model == self.served_model_name or model in self.model_aliases
+        """Whether a request's `model` names this model or another base model the scheduler
+        serves (None: the client did not say)."""
+        return (model is None or model == self.served_model_name or model in self.model_aliases
+                or model in self.base_models)
 
     @property
     def has_chat_template(self) -> bool:
@@ -96,6 +101,8 @@ def eos_ids(tokenizer: PreTrainedTokenizerBase, *more: int) -> tuple[int, ...]:
 
 def base_names(model: Model, config: GatewayConfig) -> tuple[str, ...]:
     """The `model` values that name the base model: its served name, then its aliases."""
+    if config.model.models:  # NOTE: several models answer to their names only
+        return (config.served_model_name,)
     names = (config.served_model_name, model.name, config.model.spec)
     return tuple(dict.fromkeys(names))
 
@@ -182,6 +189,9 @@ def build_engine(config: GatewayConfig) -> Engine:
     """Load `config.model` and its LoRA adapters, profile (or load cached) estimators, build
     the scheduler. AdapterStartupError for an adapter that cannot be served."""
     if config.scheduler.ray_address is not None:
+        if config.model.models:
+            raise ValueError("several models in one server are not supported on Ray "
+                             "executors yet (docs/models.md)")
         model = load(config.model.spec, dtype=config.model.dtype, threads=cpu_threads(1))
         # NOTE: the actors load their own models; adapters would not reach them
         adapters = startup_adapters(NoAdapters("LoRA adapters are not supported on Ray "
@@ -194,14 +204,16 @@ def build_engine(config: GatewayConfig) -> Engine:
     # NOTE: kernels are chosen and operators profiled for the intra-op threads the CPU
     # executors will run on
     threads = config.scheduler.cpu_threads or cpu_threads(sum(d.kind == "cpu" for d in devices))
-    model = load(config.model.spec, dtype=config.model.dtype, threads=threads)
+    model = load_models(config, threads)
     # NOTE: before the scheduler, whose memory reserve for adapters counts those loaded
-    host = ModelAdapters(model)
-    adapters = startup_adapters(host, config.model.lora, base_names(model, config))
+    host = ModelAdapters(first_model(model))
+    # NOTE: no adapter may take the name of any base model
+    reserved = (*base_names(model, config), *(m.name for m in config.model.models[1:]))
+    adapters = startup_adapters(host, config.model.lora, reserved)
     cfg = scheduler_config(config.scheduler, _max_len(model, config),
                            config.model.lora_reserve_gib)
     # NOTE: the warm-up runs before profiling, which it would slow
-    warm = warm_rows(model, threads) if any(d.kind == "cpu" for d in devices) else None
+    warm = warm_rows(first_model(model), threads) if any(d.kind == "cpu" for d in devices) else None
     factory = local_executors(threads, config.scheduler.fault_rate, warm)
     sched = build_scheduler(model, devices, cfg, executor_factory=factory, threads=threads)
     host.watch(sched)
@@ -220,7 +232,25 @@ def _capped(model: Model, sched: Scheduler, config: GatewayConfig,
                           sched.kv_fit_tokens, memory)
     sched.limit_context(limit.max_model_len)
     return dataclasses.replace(engine, max_model_len=limit.max_model_len,
-                               context_note=limit.note)
+                               context_note=limit.note,
+                               base_models=tuple(m.name for m in config.model.models[1:]))
+
+
+def load_models(config: GatewayConfig, threads: int) -> Model:
+    """The model of `model.spec`, or the set of `model.models` (models/modelset.py).
+    ValueError for models of one server whose tokenizers' vocabularies differ."""
+    if not config.model.models:
+        return load(config.model.spec, dtype=config.model.dtype, threads=threads)
+    loaded = [(e.name, load(e.spec, dtype=e.dtype or config.model.dtype, threads=threads),
+               e.devices) for e in config.model.models]
+    first = loaded[0][1]
+    for name, m, _ in loaded[1:]:
+        # NOTE: the gateway tokenizes with the first model's tokenizer
+        if m.config.vocab_size != first.config.vocab_size or \
+                load_tokenizer(m.path).get_vocab() != load_tokenizer(first.path).get_vocab():
+            raise ValueError(f"model {name!r} has another tokenizer than {loaded[0][0]!r}; "
+                             "the models of one server must share theirs")
+    return model_set(loaded)
 
 
 def _max_len(model: Model, config: GatewayConfig) -> int:

@@ -46,10 +46,11 @@ class _StatsCollector:
         s, m = self.stats, self.model_name
         yield _per_class(GaugeMetricFamily("vllm:num_requests_running",
                                            "Requests decoding or prefilling, per tenant and class.",
-                                           labels=_LABELS), m, s.num_running)
+                                           labels=_LABELS), m, s.num_running,
+                         s.num_running_by_model)
         yield _per_class(GaugeMetricFamily("vllm:num_requests_waiting",
                                            "Requests waiting to be scheduled.", labels=_LABELS),
-                         m, s.num_waiting)
+                         m, s.num_waiting, s.num_waiting_by_model)
         yield _per_class(CounterMetricFamily("vllm:num_preemptions",
                                              "Cumulative preemptions.", labels=_LABELS),
                          m, s.num_preemptions)
@@ -129,7 +130,14 @@ class _StatsCollector:
 
 
 def _per_class(family: GaugeMetricFamily | CounterMetricFamily, model_name: str,
-               values: dict[tuple[str, str], int]) -> Metric:
+               values: dict[tuple[str, str], int],
+               by_model: dict[tuple[str, str, str], int] | None = None) -> Metric:
+    """One sample per (tenant, class) under `model_name`; with several models (`by_model`
+    set), one per (model, tenant, class) instead."""
+    if by_model:
+        for (model, tenant, priority), value in sorted(by_model.items()):
+            family.add_metric([model, tenant, priority], value)
+        return family
     for (tenant, priority), value in sorted(values.items()):
         family.add_metric([model_name, tenant, priority], value)
     return family

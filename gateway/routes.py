@@ -84,7 +84,8 @@ async def health(request: Request) -> Response:
 @router.get("/openapi.json")
 async def openapi(request: Request) -> Response:
     engine = state_of(request).engine
-    models = (engine.served_model_name, *engine.model_aliases, *engine.adapters.served())
+    models = (engine.served_model_name, *engine.model_aliases, *engine.base_models,
+              *engine.adapters.served())
     return json_response(document(package_version(), models))
 
 

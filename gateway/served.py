@@ -24,12 +24,15 @@ class Target:
 
     model: str  # the name responses echo: the served model's name, or the adapter's
     adapter: str | None = None  # the LoRA adapter (Request.adapter); None: the base model
+    base: str = ""  # the base model of several (Request.model); "": the first or only one
 
 
 def resolve_model(engine: Engine, tenant: Tenant, model: str | None) -> Target:
     """The target of a request's `model` for `tenant` (ApiError 404 / 403)."""
     name = model if model is not None else tenant.default_model
-    if name is None or engine.serves(name):
+    if name is not None and name in engine.base_models:
+        target, names = Target(name, base=name), {name}
+    elif name is None or engine.serves(name):
         target = Target(engine.served_model_name)
         names = {engine.served_model_name, *engine.model_aliases}
     elif name in engine.adapters:
@@ -52,6 +55,11 @@ def model_cards(engine: Engine, tenant: Tenant | None) -> list[dict[str, Any]]:
                       "owned_by": "slicegate", "root": engine.root or base, "parent": None,
                       "max_model_len": engine.max_model_len,
                       "sampling_defaults": engine.sampling_defaults.as_dict()})
+    for name in engine.base_models:
+        if tenant is None or tenant.may_use(name):
+            cards.append({"id": name, "object": "model", "created": engine.created,
+                          "owned_by": "slicegate", "root": name, "parent": None,
+                          "max_model_len": engine.max_model_len})
     for name, path in engine.adapters.served().items():
         if tenant is None or tenant.may_use(name):
             cards.append({"id": name, "object": "model", "created": engine.created,

@@ -65,6 +65,14 @@ class Model:
         return {"q": (d, q), "k": (d, kv), "v": (d, kv), "o": (q, d), "gate": (d, i),
                 "up": (d, i), "down": (i, d)}
 
+    def weight_bytes_on(self, device: str) -> int:
+        """Bytes of weights `device` holds to run this model (a set: models/modelset.py)."""
+        return self.template.weight_bytes
+
+    def weights_note(self, device: str) -> str:
+        """The weights `device` holds, for start-up errors."""
+        return f"{self.name} {self.template.weight_bytes / 2**30:.2f} GiB"
+
     def ops_on(self, device: torch.device) -> list[Op]:
         """The operators with weights on `device` (CPU devices share the same tensors)."""
         if device == self.device or (device.type == "cpu" and self.device.type == "cpu"):

@@ -79,6 +79,24 @@ class GraphTemplate:
 
     ops: tuple[OpTemplate, ...]
     layers_per_group: int
+    # several models' chains laid end to end (models/modelset.py): (model, first index,
+    # end index) each; empty for one model, whose chain is every op
+    chains: tuple[tuple[str, int, int], ...] = ()
+
+    def chain(self, model: str = "") -> tuple[OpTemplate, ...]:
+        """The operators of `model`'s chain: every op of a one-model template; of a model
+        set, that member's (the first for "")."""
+        if not self.chains:
+            return self.ops
+        for name, start, stop in self.chains:
+            if name == model or not model:
+                return self.ops[start:stop]
+        raise KeyError(f"no model {model!r} in this template")
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        """The members' names of a model set; () for one model."""
+        return tuple(name for name, _, _ in self.chains)
 
     @property
     def layer_groups(self) -> tuple[OpTemplate, ...]:

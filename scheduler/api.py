@@ -110,6 +110,7 @@ class Request:
     constraint: Constraint | None = field(default=None, compare=False)
     trace: bool = False  # record its plans: its last event carries a `RequestTrace`
     adapter: str | None = None  # the LoRA adapter it runs with (models/lora.py); None = base
+    model: str = ""  # the base model of a server of several (models/modelset.py); "" = the first
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
@@ -156,6 +157,9 @@ class SchedulerStats:
 
     num_running: dict[tuple[str, str], int] = field(default_factory=dict)  # (tenant, class)
     num_waiting: dict[tuple[str, str], int] = field(default_factory=dict)  # (tenant, class)
+    # with several models (models/modelset.py): the same two counts per (model, tenant, class)
+    num_running_by_model: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    num_waiting_by_model: dict[tuple[str, str, str], int] = field(default_factory=dict)
     kv_cache_usage: float = 0.0  # used / total KV blocks over all devices, in [0, 1]
     num_preemptions: dict[tuple[str, str], int] = field(default_factory=dict)  # cumulative
     kv_swapped_bytes: int = 0  # KV copied to host memory by preemptions, cumulative

@@ -10,7 +10,9 @@ import torch
 from executors.interference import Interference
 from executors.types import Device, Priority
 from models.loader import Model
+from models.modelset import ModelSet, first_model
 from scheduler.config import SchedulerConfig
+from scheduler.core.components import model_devices
 from scheduler.core.execution import ExecutorFactory, cpu_threads, default_factory
 from scheduler.core.faults import faulty
 from scheduler.cost import firstrows
@@ -18,6 +20,7 @@ from scheduler.cost.deferral import ServingLoad
 from scheduler.cost.estimators import FALLBACK_BANDWIDTH_BYTES_S, FALLBACK_MARGIN, Estimators
 from scheduler.cost.profiling import cpu_hosts, fallback_coefficients, load_or_profile
 from scheduler.cost.reprofile import PairProfiler
+from scheduler.memory.pools import check_weights
 from scheduler.scheduler import Scheduler
 from scheduler.sim import native as simloop
 
@@ -76,7 +79,9 @@ def build_scheduler(model: Model, devices: list[Device], cfg: SchedulerConfig,
                     threads: int = 1) -> Scheduler:
     """Profile (or load cached) estimators on `threads` intra-op threads (the CPU executors'),
     then make the scheduler; refits stay online."""
-    est = estimators or load_or_profile(model, profiled_as(devices), threads=threads)
+    check_weights(model, devices)
+    model_devices(model, [d.name for d in devices], cfg)  # NOTE: its errors before profiling
+    est = estimators or profiled(model, profiled_as(devices), threads)
     simloop.library()  # NOTE: the simulator's C loop built now (~0.4 s on a fresh cache),
     # not in the first round that simulates
     bandwidth = est.copy_bandwidth_bytes_s or FALLBACK_BANDWIDTH_BYTES_S
@@ -92,12 +97,26 @@ def build_scheduler(model: Model, devices: list[Device], cfg: SchedulerConfig,
         gmg.interference = inter
 
     est.on_interference = learnt
-    sched.profiler = PairProfiler(model, est, devices=[d.name for d in devices if d.node is None],
+    local = [d.name for d in devices if d.node is None]
+    # NOTE: a re-profile of a set refits transfers; its op refits keep to the first model
+    sched.profiler = PairProfiler(first_model(model), est, devices=local,
                                   idle=lambda: not gmg.scheduled, threads=threads,
                                   on_device=sched.exec.on_device,
                                   load=lambda: interactive_load(sched))
     est.on_drift = sched.profiler.request_kind
     return sched
+
+
+def profiled(model: Model, devices: list[Device], threads: int) -> Estimators:
+    """The estimators of `model` (cached or profiled now); of a model set, every member's
+    under its op names in the set. NOTE: the set's estimators object is its first member's,
+    so transfers and interference are profiled once."""
+    if not isinstance(model, ModelSet):
+        return load_or_profile(model, devices, threads=threads)
+    parts = [(m.name, load_or_profile(m.model, devices, threads=threads)) for m in model.members]
+    est = parts[0][1]
+    est.take_models(parts)
+    return est
 
 
 def interactive_load(sched: Scheduler) -> ServingLoad:

@@ -26,6 +26,8 @@ from models.batch import BatchSource, SeqSpec, TokenHistory
 from models.loader import Model
 from models.logprobs import TokenLogprobs, unpack
 from models.lora import AdapterError
+from models.modelset import first_model
+from models.template import OpKind
 from scheduler.api import (
     NO_DEVICE,
     DirectTiming,
@@ -172,6 +174,7 @@ class Scheduler(Components):
             raise RequestTooLarge(f"{total} tokens of KV can never fit in one device's cache")
         if request.request_id in self.states:
             raise ValueError(f"duplicate request id {request.request_id}")
+        request.model = self.model_of(request.model)
         if request.adapter is not None and request.adapter not in self.model.adapters:
             raise AdapterError(f"adapter {request.adapter!r} is not loaded")
 
@@ -318,7 +321,8 @@ class Scheduler(Components):
             frozenset(self.inflight.decodes),
             self.tightest_slo_s or self.cfg.default_ttft_slo_s, self.fair.view(),
             None if self.provisioner is None else self.replicas.holders(),
-            self.calibration.factors(), frozenset(self.inflight.decode_classes))
+            self.calibration.factors(), frozenset(self.inflight.decode_classes),
+            self.model_devices)
 
     def _apply(self, d: RoundDecision, now: float) -> None:
         """Commit a decision: first what frees KV, then what takes it, then the plans.
@@ -525,7 +529,7 @@ class Scheduler(Components):
                 self.requests.cache(s)
                 self.fair.charge(s.priority, s.tenant, f.num_tokens)
                 self.drain.record(now, max(0, min(s.prompt_len, f.past + f.num_tokens) - f.past))
-        if final.template_index == len(self.model.template.ops) - 1:
+        if self.model.template.ops[final.template_index].kind is OpKind.HEAD:
             tokens, logprobs, prompt = unpack(final.output)
             for f in chunk:
                 if f.rid in prompt and (s := self.states.get(f.rid)) is not None:
@@ -589,7 +593,8 @@ class Scheduler(Components):
 
     async def time_direct(self, prompt_ids: list[int], max_tokens: int,
                           device: str | None = None) -> DirectTiming:
-        return await time_direct(self.exec, self.model, list(self.devices), prompt_ids,
+        return await time_direct(self.exec, first_model(self.model), list(self.devices),
+                                 prompt_ids,
                                  max_tokens, self.cfg.block_size, device)
 
     def timeline(self, since: float) -> list[dict[str, Any]]:

@@ -16,6 +16,7 @@ from executors.executor import OnDone
 from executors.memory import MemoryLedger
 from executors.types import Device
 from models.loader import Model
+from models.modelset import ModelSet
 from scheduler.config import SchedulerConfig
 from scheduler.core.actuation import Actuation, Demand
 from scheduler.core.admission import DrainRate
@@ -53,6 +54,7 @@ class Components:
         self.ledgers = {d.name: MemoryLedger(d.memory_bytes) for d in devices}
         if any(d.node is not None for d in devices):  # NOTE: the actors load their own models
             model.adapters.refuse("LoRA adapters are not supported on Ray executors yet")
+        self.model_devices = model_devices(model, list(self.devices), self.cfg)
         held = initial_holdings(self.cfg.provisioning, list(self.devices), len(model.template.ops))
         pools = (kv_pools(model, devices, self.ledgers, self.cfg)
                  if self.cfg.provisioning == "off"
@@ -85,6 +87,18 @@ class Components:
         self.profiler: PairProfiler | None = None  # profiles pairs the estimators lack
         self.started_at = clock()  # monotonic s; reset by `Scheduler.start`
 
+    def model_of(self, name: str) -> str:
+        """The model a request's `model` names: "" for a one-model scheduler; the member's
+        name in a model set ("" = the first). ValueError for one it does not serve."""
+        if not isinstance(self.model, ModelSet):
+            if name:
+                raise ValueError(f"model {name!r} is not served (one unnamed model is)")
+            return ""
+        try:
+            return self.model.member(name).name
+        except KeyError:
+            raise ValueError(f"model {name!r} is not served") from None
+
     @property
     def states(self) -> dict[str, RequestState]:
         return self.requests.states
@@ -100,3 +114,20 @@ class Components:
         if not 2 <= max_model_len <= self.kv_fit_tokens:
             raise ValueError(f"max_model_len must be in [2, {self.kv_fit_tokens}]")
         self.cfg = dataclasses.replace(self.cfg, max_model_len=max_model_len)
+
+
+def model_devices(model: Model, devices: list[str],
+                  cfg: SchedulerConfig) -> dict[str, frozenset[str]]:
+    """model -> the devices its requests may run on, for a model set ({} for one model).
+    ValueError for a member with no device here, or with provisioning on."""
+    if not isinstance(model, ModelSet):
+        return {}
+    if cfg.provisioning != "off":
+        raise ValueError("provisioning is not supported with several models yet")
+    out = model.devices_of(devices)
+    for m in model.members:
+        unknown = set(m.devices or ()) - set(devices)
+        if unknown or not out[m.name]:
+            raise ValueError(f"model {m.name!r} runs on {', '.join(m.devices or ())}: "
+                             f"not among the devices {', '.join(devices)}")
+    return out

@@ -116,7 +116,7 @@ class Requests:
         state = self._expect(a.rid, Status.WAITING, Status.SWAPPED)
         devices = set(a.placement)
         if state.status is Status.SWAPPED:
-            layers = layer_devices(self.template, a.placement)
+            layers = layer_devices(self.template, a.placement, state.req.model)
             state.tables = self.kv.swap_in(a.rid, devices, a.kv_tokens, layers).tables
         else:
             state.tables = self.kv.reserve(a.rid, devices, a.kv_tokens).tables
@@ -136,7 +136,7 @@ class Requests:
         state = self._expect(p.rid, Status.RUNNABLE)
         assert state.placement is not None
         if p.swap:
-            layers = layer_devices(self.template, state.placement)
+            layers = layer_devices(self.template, state.placement, state.req.model)
             self.kv.swap_out(p.rid, state.num_computed, layers)
             self.swapped_out_bytes += self.kv.swapped[p.rid].num_bytes
             state.status = Status.SWAPPED
@@ -155,7 +155,7 @@ class Requests:
     def migrate(self, m: Migration) -> RequestState:
         state = self._expect(m.rid, Status.RUNNABLE)
         assert state.placement is not None
-        layers = layer_devices(self.template, state.placement)
+        layers = layer_devices(self.template, state.placement, state.req.model)
         self.kv.migrate(m.rid, state.num_computed, layers, m.target)
         state.placement = (m.target,) * len(state.placement)
         return state

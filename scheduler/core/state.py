@@ -123,7 +123,7 @@ class RequestState:
                 self.rid, self.req.tenant, self.priority, self.req.arrival_time,
                 self.req.ttft_slo_s, self.prompt_len, self.req.max_tokens, len(self.output_ids),
                 self.num_computed, self.placement, blocks, self.status is Status.SWAPPED,
-                cached, shared, self.req.sampling.prompt_logprobs is not None)
+                cached, shared, self.req.sampling.prompt_logprobs is not None, self.req.model)
         return self._view
 
     def block_keys(self, block_size: int, num_tokens: int) -> list[BlockKey]:
@@ -138,9 +138,12 @@ class RequestState:
     def _salt(self) -> str:
         # NOTE: prompt log-probs need every prompt position through the head: a request
         # that asks for them never hits the prefix cache (as vLLM v1 skips it for them)
+        # NOTE: blocks of one model never serve another's requests: its name is in the key
+        salt = self.req.cache_salt if not self.req.model else \
+            f"{self.req.model}\x00{self.req.cache_salt}"
         if self.req.sampling.prompt_logprobs is None:
-            return self.req.cache_salt
-        return f"{self.req.cache_salt}\x00{self.rid}"
+            return salt
+        return f"{salt}\x00{self.rid}"
 
     def prompt_targets(self, past: int, num_tokens: int) -> list[int] | None:
         """The prompt tokens that fed tokens [past, past + num_tokens) predict, when the

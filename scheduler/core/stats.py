@@ -12,9 +12,12 @@ from scheduler.core.components import Components
 def collect(s: Components) -> SchedulerStats:
     running: Counter[tuple[str, str]] = Counter()
     waiting: Counter[tuple[str, str]] = Counter()
+    by_model: tuple[Counter[tuple[str, str, str]], ...] = (Counter(), Counter())
     for st in s.states.values():
         key = (st.req.tenant, st.priority.label)
         (running if st.status.holds_kv else waiting)[key] += 1
+        if st.req.model:
+            by_model[0 if st.status.holds_kv else 1][(st.req.model, *key)] += 1
     problem = s.health.problem(s.exec.healthy)
     down = s.exec.down()
     if problem is not None and s.devices and len(down) == len(s.devices):
@@ -26,6 +29,7 @@ def collect(s: Components) -> SchedulerStats:
     mape = est.mape() if est is not None else {}
     return SchedulerStats(
         num_running=dict(running), num_waiting=dict(waiting), kv_cache_usage=s.kv.usage(),
+        num_running_by_model=dict(by_model[0]), num_waiting_by_model=dict(by_model[1]),
         num_preemptions=dict(s.requests.preemptions),
         kv_swapped_bytes=s.requests.swapped_out_bytes,
         kv_recomputed_tokens=s.requests.dropped_tokens,

@@ -71,6 +71,7 @@ def op_features(s: BatchShape, native_rows: int = 1) -> tuple[float, ...]:
 
 
 def op_mask(op_name: str) -> tuple[bool, ...]:
+    op_name = op_name.rpartition("/")[2]  # a model set's `NAME/layers[0:5]`
     kind = "layers" if _GROUP.fullmatch(op_name) else op_name
     if kind not in _OP_MASKS:
         raise KeyError(f"no feature set for op {op_name!r}")
@@ -78,7 +79,7 @@ def op_mask(op_name: str) -> tuple[bool, ...]:
 
 
 def group_size(op_name: str) -> int | None:
-    m = _GROUP.fullmatch(op_name)
+    m = _GROUP.fullmatch(op_name.rpartition("/")[2])
     return int(m.group(2)) - int(m.group(1)) if m else None
 
 
@@ -295,6 +296,13 @@ class Estimators:
                 self.ops[(k, name)].rebase(est)
             elif k == kind:
                 self.ops[(k, name)] = est
+        self._op_cache.clear()
+
+    def take_models(self, parts: Sequence[tuple[str, Estimators]]) -> None:
+        """Hold the op estimators of a model set's members (models/modelset.py) in place of
+        this one's, each under its op names in the set (`NAME/layers[0:5]`)."""
+        self.ops = {(kind, f"{name}/{op}"): e.clone(f"{kind}/{name}/{op}")
+                    for name, est in parts for (kind, op), e in est.ops.items()}
         self._op_cache.clear()
 
     def set_interference(self, inter: Interference | None) -> None:

@@ -30,10 +30,12 @@ from models.template import GraphTemplate, OpKind
 LayerKV = dict[int, tuple[torch.Tensor, torch.Tensor]]  # layer -> (keys, values) of some blocks
 
 
-def layer_devices(template: GraphTemplate, placement: tuple[str, ...]) -> dict[int, str]:
-    """Decoder layer -> the device of the placement that runs it (where its KV lives)."""
-    return {layer: placement[t.index] for t in template.ops if t.kind is OpKind.LAYERS
-            for layer in t.layers}
+def layer_devices(template: GraphTemplate, placement: tuple[str, ...],
+                  model: str = "") -> dict[int, str]:
+    """Decoder layer -> the device of the placement that runs it (where its KV lives), for
+    the chain of `model` (a model set's member; "" for one model)."""
+    return {layer: placement[t.index] for t in template.chain(model)
+            if t.kind is OpKind.LAYERS for layer in t.layers}
 
 
 @dataclass(slots=True)

@@ -31,6 +31,22 @@ def adapter_reserve(model: Model, cfg: SchedulerConfig) -> int:
     return reserve
 
 
+def reserve_weights(ledger: MemoryLedger, device: Device, weights: int, note: str) -> None:
+    """Count the weights `device` holds; ValueError with the numbers when they do not fit."""
+    if not ledger.try_reserve("weights", weights):
+        raise ValueError(f"{device.name}: {device.memory_bytes / 2**30:.2f} GiB cannot hold "
+                         f"{weights / 2**30:.2f} GiB of weights ({note}); raise the budget "
+                         "or run fewer models there")
+
+
+def check_weights(model: Model, devices: list[Device]) -> None:
+    """ValueError, with the numbers, when a device cannot hold the weights it would run
+    (before minutes of profiling; `kv_pools` counts them again with the rest)."""
+    for d in devices:
+        reserve_weights(MemoryLedger(d.memory_bytes), d, model.weight_bytes_on(d.name),
+                        model.weights_note(d.name))
+
+
 def kv_pools(model: Model, devices: list[Device], ledgers: dict[str, MemoryLedger],
              cfg: SchedulerConfig) -> dict[str, KVCache]:
     """Reserve weights and activations on every device; the rest of its budget is KV."""
@@ -43,16 +59,17 @@ def kv_pools(model: Model, devices: list[Device], ledgers: dict[str, MemoryLedge
     for d in devices:
         ledger = ledgers[d.name]
         # NOTE: virtual CPU devices share one copy of the weights but each counts it, as GPUs do
-        ledger.reserve("weights", model.template.weight_bytes)
+        weights = model.weight_bytes_on(d.name)
+        reserve_weights(ledger, d, weights, model.weights_note(d.name))
         if not ledger.try_reserve("adapters", adapters):
             raise ValueError(f"{d.name}: {d.memory_bytes / 2**30:.2f} GiB holds "
-                             f"{model.template.weight_bytes / 2**30:.2f} GiB of weights; the "
+                             f"{weights / 2**30:.2f} GiB of weights; the "
                              f"LoRA reserve of {adapters / 2**30:.2f} GiB does not fit")
         room = ledger.free_bytes - reserve
         num_blocks = min(room, cfg.kv_cache_bytes or room) // per_block
         if num_blocks < 1:
             raise ValueError(f"{d.name}: {d.memory_bytes / 2**30:.2f} GiB leaves no room for KV "
-                             f"after {model.template.weight_bytes / 2**30:.2f} GiB of weights and "
+                             f"after {weights / 2**30:.2f} GiB of weights and "
                              f"{reserve / 2**30:.2f} GiB of activations; raise the budget")
         if d.node is not None:  # NOTE: a remote device's storage is in its actor
             c = model.config

@@ -125,7 +125,10 @@ def chunk_feeds(req: RequestView, chunk_tokens: int, num_chunks: int) -> list[li
 
 def preempt_for(draft: Draft, device: str, req: RequestView) -> int:
     """Preempt runnable requests of a lower class on `device` (newest first) until `req`'s KV
-    fits there; returns how many. Preempts nobody when even all of them would not do."""
+    fits there; returns how many. Preempts nobody when even all of them would not do, or
+    where `req`'s model does not run (a server of several models)."""
+    if not draft.view.may_place(req, single(device, draft.view.num_ops)):
+        return 0
     victims = sorted((v for v in draft.runnable() if v.priority > req.priority
                       and v.placement is not None and device in v.placement),
                      key=lambda v: -v.arrival_s)

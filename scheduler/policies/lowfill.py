@@ -57,6 +57,8 @@ def _fill_low(draft: Draft, device: str, going: list[RequestView]) -> None:
         used += feeds[-1].num_tokens
     for r in fair_order(draft.waiting(Priority.LOW),
                         draft.view.service.get(Priority.LOW, {})):
+        if not draft.view.may_place(r, placement):
+            continue  # NOTE: another model's device (a server of several models)
         need = draft.admission_blocks(r, placement)
         if used >= budget or blocks + need > min(draft.room(d) for d in set(placement)):
             break

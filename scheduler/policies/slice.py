@@ -170,7 +170,8 @@ class SlicePolicy:
             feed = prefill_feed(at, budget)
             need = draft.admission_blocks(q, placement)
             if (not draft.is_waiting(q) or used + feed.num_tokens > budget or need > room
-                    or feed.num_tokens < at.num_tokens - at.num_computed):
+                    or feed.num_tokens < at.num_tokens - at.num_computed
+                    or not draft.view.may_place(q, placement)):  # another model's device
                 break  # NOTE: only whole prompts join; the rest wait in their order
             feeds.append(feed)
             mates.append(q)

@@ -158,7 +158,10 @@ class Draft:
         return need - self.blocks_needed(cached) + revive
 
     def can_admit(self, req: RequestView, placement: Placement) -> bool:
-        """Whether admitting `req` on `placement` fits above the devices' watermarks."""
+        """Whether admitting `req` on `placement` fits above the devices' watermarks (and its
+        model runs there: `RoundView.may_place`)."""
+        if not self.view.may_place(req, placement):
+            return False
         need = self.admission_blocks(req, placement)
         return all(need <= self.room(d) for d in set(placement))
 

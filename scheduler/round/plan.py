@@ -124,6 +124,8 @@ class Builder:
     def build(self, plan: Plan) -> Plan:
         """Fill `plan.ops`, `plan.chunk_ops` and `plan.finals` (new op ids)."""
         plan.ops, plan.chunk_ops, plan.finals, plan.candidate = [], [], [], None
+        if self.template.chains:
+            plan.chunks = [part for chunk in plan.chunks for part in by_model(chunk)]
         prev_chunk: dict[int, OpInstance] = {}
         charged: set[int] = set()  # row counts whose first run this plan already carries
         for chunk in plan.chunks:
@@ -141,7 +143,7 @@ class Builder:
         shape = shape_of_chunk(chunk)
         mine: dict[int, OpInstance] = {}
         prev: OpInstance | None = None
-        for t in self.template.ops:
+        for t in self.template.chain(chunk[0].req.model):
             if (t.kind is OpKind.HEAD and shape.num_sampled == 0
                     and not any(f.scores_prompt for f in chunk)):
                 break
@@ -165,6 +167,18 @@ class Builder:
         plan.chunk_ops.append(list(mine.values()))
         plan.finals.append(prev)
         return mine
+
+
+def by_model(chunk: list[Feed]) -> list[list[Feed]]:
+    """A chunk cut into one chunk per model, in order of first appearance.
+
+    NOTE: ops of different models never share a batch: a policy may put requests of
+    several models in one plan (a decode step per placement), and each model's feeds
+    then run as a chunk of their own, through that model's chain."""
+    parts: dict[str, list[Feed]] = {}
+    for f in chunk:
+        parts.setdefault(f.req.model, []).append(f)
+    return list(parts.values())
 
 
 def sim_ops(plan: Plan, issued_at: float) -> tuple[SimOp, ...]:

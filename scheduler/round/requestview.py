@@ -30,6 +30,7 @@ class RequestView:
     cached: tuple[tuple[str, int, int], ...] = ()
     kv_shared: tuple[tuple[str, int], ...] = ()  # (device, blocks others hold too) if admitted
     scores_prompt: bool = False  # asks for prompt log-probs: its prefill chunks run the head
+    model: str = ""  # its model, in a server of several (models/modelset.py); "" = the only one
 
     @property
     def ttft_deadline(self) -> float | None:

@@ -52,6 +52,17 @@ class RoundView:
     # (placement, class) of each decode step in flight: a step runs at its lowest member's
     # class, so a high request's step may run at low class (policies/common.py)
     decode_classes: frozenset[tuple[Placement, Priority]] = frozenset()
+    # a model set's member -> the devices its requests may run on; {} for one model
+    # (models/modelset.py). NOTE: with several models a request runs on one device
+    model_devices: Mapping[str, frozenset[str]] = field(default_factory=dict)
+
+    def may_place(self, req: RequestView, placement: Placement) -> bool:
+        """Whether `req`'s model may run on `placement`: always with one model; with several,
+        on one device among its model's (`model_devices`)."""
+        if not self.model_devices:
+            return True
+        devices = set(placement)
+        return len(devices) == 1 and devices <= self.model_devices[req.model]
 
     def allows(self, placement: Placement) -> bool:
         """Whether every operator of `placement` runs on a device holding its replica."""

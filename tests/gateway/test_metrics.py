@@ -7,6 +7,8 @@ import time
 
 import pytest
 
+from gateway.metrics import GatewayMetrics
+from scheduler.api import SchedulerStats
 from tests.gateway.harness import EngineFactory, auth_config, running
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -54,3 +56,20 @@ async def test_names_and_labels(make_engine: EngineFactory) -> None:
         attained = re.search(r'slicegate_slo_attainment\{priority="high"\} (\S+)', text)
         assert attained is not None
         assert float(attained[1]) == 1.0 if waits[0] <= 0.5 else float(attained[1]) in (0.0, 1.0)
+
+
+async def test_request_gauges_carry_each_models_name_with_several_models() -> None:
+    stats = SchedulerStats(num_running={("ide", "high"): 2}, num_waiting={("ide", "high"): 1},
+                           num_running_by_model={("chat", "ide", "high"): 1,
+                                                 ("batch", "ide", "high"): 1},
+                           num_waiting_by_model={("batch", "ide", "high"): 1})
+    text = GatewayMetrics("chat").render(stats).decode()
+    assert 'vllm:num_requests_running{model_name="chat",priority="high",tenant="ide"} 1.0' \
+        in text
+    assert 'vllm:num_requests_running{model_name="batch",priority="high",tenant="ide"} 1.0' \
+        in text
+    assert 'vllm:num_requests_waiting{model_name="batch",priority="high",tenant="ide"} 1.0' \
+        in text
+    one = GatewayMetrics("chat").render(SchedulerStats(num_running={("ide", "high"): 2}))
+    assert 'vllm:num_requests_running{model_name="chat",priority="high",tenant="ide"} 2.0' \
+        in one.decode()

@@ -89,7 +89,7 @@ class ClusterRun:
             raise err
         if self.kv_model is not None:
             return self.kv_model(op)
-        if op.role is OpRole.COMPUTE and op.name == "head":
+        if op.role is OpRole.COMPUTE and op.name.rpartition("/")[2] == "head":
             return torch.zeros(op.shape.num_sampled, dtype=torch.long)
         return None
 
@@ -102,11 +102,11 @@ class ClusterRun:
 
     def submit(self, rid: str, priority: Priority, prompt_len: int, max_tokens: int = 4,
                slo_s: float | None = None, tenant: str = "t",
-               prompt: list[int] | None = None) -> Outcome:
+               prompt: list[int] | None = None, model: str = "") -> Outcome:
         ids = prompt if prompt is not None else [3 + (i % 50) for i in range(prompt_len)]
         req = Request(rid, tenant, priority, ids,
                       SamplingParams(temperature=0, max_tokens=max_tokens), ttft_slo_s=slo_s,
-                      arrival_time=self.cluster.now)
+                      arrival_time=self.cluster.now, model=model)
         if self.kv_model is not None:
             self.kv_model.prompts[rid] = ids
         out = self.outcomes[rid] = Outcome()

@@ -40,7 +40,15 @@ function timeAxis(ctx, box, now, windowS, step) {
   }
 }
 
-// Op bars per device lane. Returns {bars: [{x0, x1, y0, y1, event}], counts: {device: n}}.
+// The model of an op of a server of several models ("batch/layers[0:5]"), else null.
+function modelOf(e) {
+  const slash = (e.op || "").lastIndexOf("/");
+  return slash > 0 ? e.op.slice(0, slash) : null;
+}
+
+// Op bars per device lane, filled by class; where ops of several models show, filled by
+// model with a strip of their class on top. Returns {bars: [{x0, x1, y0, y1, event}],
+// counts: {device: n}, models: [{name, color}]}.
 function drawGantt(canvas, devices, events, now, windowS) {
   const { ctx, width, height } = fitCanvas(canvas);
   const box = { x: 70, y: 4, w: width - 80, h: height - 22 };
@@ -55,6 +63,9 @@ function drawGantt(canvas, devices, events, now, windowS) {
     ctx.fillText(device, box.x - 8, box.y + lane * i + lane / 2 + 4);
   });
   const t0 = now - windowS;
+  const names = [...new Set(events.map(modelOf).filter((m) => m !== null))].sort();
+  const models = names.length > 1 ? names : [];
+  const modelColor = (m) => SERIES_COLORS[models.indexOf(m) % SERIES_COLORS.length];
   for (const e of events) {
     const lane_i = devices.indexOf(e.device);
     if (lane_i < 0 || e.end < t0) continue;
@@ -63,13 +74,18 @@ function drawGantt(canvas, devices, events, now, windowS) {
     const y0 = box.y + lane * lane_i + 3;
     const y1 = y0 + lane - 6;
     ctx.globalAlpha = e.role === "compute" || e.role === undefined ? 0.9 : 0.45;
-    ctx.fillStyle = CLASS_COLORS[e.class] || AXIS;
-    ctx.fillRect(x0, y0, x1 - x0, y1 - y0);
+    const byClass = CLASS_COLORS[e.class] || AXIS;
+    const model = models.includes(modelOf(e)) ? modelOf(e) : null;
+    const strip = model === null ? 0 : 3;  // px of class colour on top of a model's bar
+    ctx.fillStyle = byClass;
+    ctx.fillRect(x0, y0, x1 - x0, strip);
+    ctx.fillStyle = model === null ? byClass : modelColor(model);
+    ctx.fillRect(x0, y0 + strip, x1 - x0, y1 - y0 - strip);
     bars.push({ x0, x1, y0, y1, event: e });
     counts[e.device] += 1;
   }
   ctx.globalAlpha = 1;
-  return { bars, counts };
+  return { bars, counts, models: models.map((m) => ({ name: m, color: modelColor(m) })) };
 }
 
 // Dots of TTFT per tenant over time, each tenant's SLO as a dashed line; y scaled to fit both.
@@ -142,4 +158,4 @@ function yAxis(ctx, box, top, label) {
   }
 }
 
-window.slicegateCharts = { drawGantt, drawTtft, drawLines, CLASS_COLORS };
+window.slicegateCharts = { drawGantt, drawTtft, drawLines, CLASS_COLORS, SERIES_COLORS };

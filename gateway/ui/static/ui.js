@@ -187,6 +187,7 @@ function render(t) {
   const gantt = charts.drawGantt(document.getElementById("gantt"), state.devices, state.events,
                                  now, GANTT_WINDOW_S);
   state.bars = gantt.bars;
+  legend("gantt-legend", gantt.models);
   window.slicegate.counts = gantt.counts;
   const last = gantt.bars[gantt.bars.length - 1];
   window.slicegate.sampleBar = last ? { x: (last.x0 + last.x1) / 2, y: (last.y0 + last.y1) / 2 } : null;

@@ -1,0 +1,56 @@
+"""`model.models` from a config file and `--model NAME=SPEC` flags; bad entries are
+ConfigErrors naming the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.__main__ import build_parser, config_from_args
+from gateway.config import ConfigError, load_config
+from gateway.model_entries import ModelEntry
+
+
+def test_a_config_files_models_list(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("model:\n  models:\n"
+                    "    - {name: chat, spec: default, devices: [cpu:0]}\n"
+                    "    - {name: batch, spec: tiny-random, dtype: float32,\n"
+                    "       devices: 'cpu:0,cpu:1'}\n")
+    config = load_config(path)
+    assert config.model.models == (ModelEntry("chat", "default", None, ("cpu:0",)),
+                                   ModelEntry("batch", "tiny-random", "float32",
+                                              ("cpu:0", "cpu:1")))
+    assert config.served_model_name == "chat"
+
+
+def test_repeated_model_flags_name_the_models_and_one_spec_stays_one_model() -> None:
+    args = build_parser().parse_args(["serve", "--model", "chat=default@cpu:0", "--model",
+                                      "batch=default"])
+    config = config_from_args(args)
+    assert config.model.models == (ModelEntry("chat", "default", None, ("cpu:0",)),
+                                   ModelEntry("batch", "default"))
+    one = config_from_args(build_parser().parse_args(["serve", "--model", "tiny-random"]))
+    assert one.model.spec == "tiny-random" and one.model.models == ()
+    assert one.served_model_name == "tiny-random"
+
+
+def test_a_served_model_name_beside_several_models_is_refused() -> None:
+    with pytest.raises(ConfigError, match="model.served_model_name"):
+        load_config(None, {"model.models": ["chat=default"], "model.served_model_name": "x"})
+
+
+@pytest.mark.parametrize(("models", "says"), [
+    (["chat=default", "chat=default"], "named twice"),
+    ([{"name": "chat", "spec": "default", "dtype": "int4"}], "dtype"),
+    ([{"name": "chat", "device": "cpu:0"}], "unknown key"),
+    ([{"name": " bad", "spec": "default"}], "model name"),
+    ([{"name": "chat", "devices": []}], "devices"),
+    (["default"], "NAME=SPEC"),
+    (["chat=default@"], "devices"),
+    ("chat=default", "a list"),
+])
+def test_bad_entries_are_config_errors(models: object, says: str) -> None:
+    with pytest.raises(ConfigError, match=f"model.models: .*{says}"):
+        load_config(None, {"model.models": models})
