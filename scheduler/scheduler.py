@@ -48,6 +48,7 @@ from scheduler.core.stats import collect
 from scheduler.provisioning.provisioner import Provisioner
 from scheduler.round.decision import Preemption, RoundDecision
 from scheduler.round.plan import Feed, OpTime, Plan, XferTime
+from scheduler.round.requestview import RequestView
 from scheduler.round.view import RoundView
 
 logger = logging.getLogger(__name__)
@@ -318,7 +319,13 @@ class Scheduler(Components):
             frozenset(self.inflight.decodes),
             self.tightest_slo_s or self.cfg.default_ttft_slo_s, self.fair.view(),
             None if self.provisioner is None else self.replicas.holders(),
-            self.calibration.factors(), frozenset(self.inflight.decode_classes))
+            self.calibration.factors(), frozenset(self.inflight.decode_classes),
+            self._step_ends(running))
+
+    def _step_ends(self, running: tuple[RequestView, ...]) -> dict[str, int]:
+        """Request -> the last op of its plan in flight, for running requests with a pace."""
+        plans = ((r.rid, self.inflight.by_request.get(r.rid)) for r in running if r.is_paced)
+        return {rid: plan.finals[-1].op_id for rid, plan in plans if plan and plan.finals}
 
     def _apply(self, d: RoundDecision, now: float) -> None:
         """Commit a decision: first what frees KV, then what takes it, then the plans.

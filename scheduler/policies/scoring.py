@@ -8,6 +8,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from executors.types import Priority
+from scheduler.policies.pace import keeps_pace
 from scheduler.round.calibration import kind_of
 from scheduler.round.draft import Draft
 from scheduler.round.plan import Feed, Plan
@@ -129,12 +130,14 @@ def harmed(draft: Draft, pred: Prediction) -> int:
 
 
 def harmless(draft: Draft, plan: Plan) -> bool:
-    """True unless the plan would make a request with a TTFT deadline miss it.
+    """True unless the plan would make a request with a TTFT deadline miss it, or a paced
+    request of a higher class miss its next decode deadline (`pace.keeps_pace`).
 
     NOTE: KV pools are reserved whole at start-up and admission is checked against
     them, so the simulated memory that can overflow is activations.
     """
-    if not draft.snapshot().deadlines:
-        return True
-    pred = draft.simulate(plan)
-    return not pred.oom and not harmed(draft, pred)
+    if draft.snapshot().deadlines:
+        pred = draft.simulate(plan)
+        if pred.oom or harmed(draft, pred):
+            return False
+    return keeps_pace(draft, plan)

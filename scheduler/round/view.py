@@ -52,6 +52,9 @@ class RoundView:
     # (placement, class) of each decode step in flight: a step runs at its lowest member's
     # class, so a high request's step may run at low class (policies/common.py)
     decode_classes: frozenset[tuple[Placement, Priority]] = frozenset()
+    # request id -> op id of the last op of the plan in flight carrying it, for each running
+    # request with a TPOT SLO: its next step follows that op (policies/pace.py)
+    step_ends: Mapping[str, int] = field(default_factory=dict)
 
     def allows(self, placement: Placement) -> bool:
         """Whether every operator of `placement` runs on a device holding its replica."""
