@@ -75,6 +75,7 @@ class Scheduler(Components):
         self._learning_task: asyncio.Task[None] | None = None  # the periodic INFO summary
         self._retry_on_progress = False  # the last round held work back (see RoundDecision)
         self._submitted = False  # a request came since the last round
+        self.tightest_tpot_s: float | None = None  # smallest TPOT SLO among requests seen
         self._wake = asyncio.Event()
         self._done: deque[OpInstance] = deque()  # completions not handled yet (any thread)
         self._booked: list[OpInstance] = []  # handled ops awaiting estimator and timeline
@@ -153,6 +154,9 @@ class Scheduler(Components):
         if request.ttft_slo_s is not None:
             self.tightest_slo_s = min(self.tightest_slo_s or request.ttft_slo_s,
                                       request.ttft_slo_s)
+        if request.tpot_slo_s is not None:
+            self.tightest_tpot_s = min(self.tightest_tpot_s or request.tpot_slo_s,
+                                       request.tpot_slo_s)
         self._submitted = True
         self._wake.set()
         return self._stream(state)
@@ -320,7 +324,7 @@ class Scheduler(Components):
             self.tightest_slo_s or self.cfg.default_ttft_slo_s, self.fair.view(),
             None if self.provisioner is None else self.replicas.holders(),
             self.calibration.factors(), frozenset(self.inflight.decode_classes),
-            self._step_ends(running))
+            self._step_ends(running), self.tightest_tpot_s)
 
     def _step_ends(self, running: tuple[RequestView, ...]) -> dict[str, int]:
         """Request -> the last op of its plan in flight, for running requests with a pace."""

@@ -123,7 +123,14 @@ def keeps_pace(draft: Draft, plan: Plan) -> bool:
 
 
 def tightest_tpot_s(draft: Draft) -> float | None:
-    """The smallest TPOT SLO among requests decoding now (sizes low chunks), or None."""
+    """The smallest TPOT SLO among requests seen, or None (sizes low chunks).
+
+    NOTE: among requests seen, not only those decoding now: a low plan's ops are queued
+    when it is issued, and those of a plan issued before a paced request arrived run one
+    per gap of its steps; sized for the pace only once it decodes, its first tokens would
+    each wait for a long op."""
     slos = [r.tpot_slo_s for r in (*draft.view.running, *draft.view.runnable)
-            if r.is_paced and r.tpot_slo_s is not None]
+            if r.tpot_slo_s is not None]
+    if draft.view.tightest_tpot_s is not None:
+        slos.append(draft.view.tightest_tpot_s)
     return min(slos, default=None)

@@ -55,6 +55,7 @@ class RoundView:
     # request id -> op id of the last op of the plan in flight carrying it, for each running
     # request with a TPOT SLO: its next step follows that op (policies/pace.py)
     step_ends: Mapping[str, int] = field(default_factory=dict)
+    tightest_tpot_s: float | None = None  # smallest TPOT SLO seen (sizes low chunks); None: none
 
     def allows(self, placement: Placement) -> bool:
         """Whether every operator of `placement` runs on a device holding its replica."""
