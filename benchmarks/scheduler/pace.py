@@ -114,6 +114,8 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     p.add_argument("--devices", default="cpu:0,cpu:1")
     p.add_argument("--device-memory-gib", type=float, default=2.0)
     p.add_argument("--hp-requests", type=int, default=40)
+    p.add_argument("--rate-scale", type=float, default=0.5,
+                   help="arrivals at this fraction of the trace's rate")
     p.add_argument("--lp-concurrency", type=int, default=8)
     p.add_argument("--ttft-slo-ms", type=float, default=500.0)
     p.add_argument("--tpot-factor", type=float, default=2.0,
@@ -123,8 +125,8 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     if a.repeats < 1:
         p.error("--repeats must be >= 1")
     require_trace(AZURE_CODE, PROG)  # NOTE: before minutes of loading and profiling
-    w = replace(RECIPES["strict"], hp_requests=a.hp_requests, lp_concurrency=a.lp_concurrency,
-                lp_prompt=1024, lp_output=64, max_prompt=1024)
+    w = replace(RECIPES["strict"], hp_requests=a.hp_requests, rate_scale=a.rate_scale,
+                lp_concurrency=a.lp_concurrency, lp_prompt=1024, lp_output=64, max_prompt=1024)
     model = load(a.model, dtype=a.dtype)
     est = load_or_profile(model, parse_devices(a.devices, a.device_memory_gib))
     ttft_slo = a.ttft_slo_ms / 1000
