@@ -77,11 +77,15 @@ def pending_steps(draft: Draft, requests: list[RequestView]) -> tuple[tuple[SimO
     for r in requests:
         assert r.placement is not None and r.tpot_slo_s is not None
         deadline = r.next_token_deadline(now)
+        end = draft.step_end(r.rid)
+        if r.num_output + (end is not None) >= r.max_tokens:
+            if end is not None:  # NOTE: its step in flight yields its last token
+                dues.append(Due(r.rid, end, deadline))
+            continue
         step = draft.view.builder.build(Plan(r.priority, r.placement,
                                              [[Feed(r, r.num_tokens, 1)]]))
         mine = list(sim_ops(step, now))
         last = step.finals[-1].op_id
-        end = draft.step_end(r.rid)
         gap = _issue_op(step.ops[0].op_id, len(dues), () if end is None else (end,), now)
         mine[0] = mine[0]._replace(deps=(*mine[0].deps, gap.op_id))
         if end is None:

@@ -118,3 +118,10 @@ def test_a_paced_request_decodes_in_a_step_of_its_own_class() -> None:
     mixed = decode_plans(Draft(make_view(runnable=(_paced(tpot=None), lo))),
                          lambda r: r.priority)
     assert [(p.priority, set(p.rids)) for p in mixed] == [(Priority.LOW, {"hi", "lo"})]
+
+
+def test_no_pending_step_after_the_last_token() -> None:
+    # its step in flight yields its last token: no step follows it to be delayed
+    last = dataclasses.replace(_paced(), max_tokens=2)
+    draft = Draft(_stepping_view(last))
+    assert keeps_pace(draft, _low_plan(draft, "cpu:0", 400))
