@@ -18,12 +18,13 @@ A plan is vetoed when it makes a deadline miss that the same simulation without 
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
 
 from executors.types import Priority
 from scheduler.round.draft import Draft
 from scheduler.round.plan import Feed, Plan, sim_ops
-from scheduler.round.requestview import RequestView
+from scheduler.round.requestview import Placement, RequestView
 from scheduler.sim.gmg import SimOp
 from scheduler.sim.types import Prediction
 
@@ -64,36 +65,61 @@ def paced(draft: Draft, plan: Plan) -> list[RequestView]:
 
 def pending_steps(draft: Draft, requests: list[RequestView]) -> tuple[tuple[SimOp, ...],
                                                                        list[Due]]:
-    """The pending step of each paced request as simulator ops, and the deadlines to check.
+    """The pending steps of paced requests as simulator ops, and the deadlines to check.
 
-    NOTE: the pending step is one token of the request alone, at its class: a paced request
-    decodes in a step of its own class (`decode_plans`), and a step costs mostly its weight
-    reads, so its batch-mates change its time little. It is issued (dispatch order) now,
-    which among ops of its class puts it before later batches, as its real issue would
-    when the step before it ends."""
-    now = draft.view.now
+    NOTE: paced requests of one class on one placement decode in one step of their own
+    (`decode_plans`), so their pending steps are one batch: one token of each, at their
+    class, after the last ops of the plans they are in. It is issued (dispatch order)
+    now, which among ops of its class puts it before later batches, as its real issue
+    would when the step before it ends."""
+    groups: dict[tuple[Placement, Priority], list[RequestView]] = defaultdict(list)
+    for r in requests:
+        assert r.placement is not None
+        groups[r.placement, r.priority].append(r)
     ops: list[SimOp] = []
     dues: list[Due] = []
-    for r in requests:
-        assert r.placement is not None and r.tpot_slo_s is not None
-        deadline = r.next_token_deadline(now)
-        end = draft.step_end(r.rid)
-        if r.num_output + (end is not None) >= r.max_tokens:
-            if end is not None:  # NOTE: its step in flight yields its last token
-                dues.append(Due(r.rid, end, deadline))
-            continue
-        step = draft.view.builder.build(Plan(r.priority, r.placement,
-                                             [[Feed(r, r.num_tokens, 1)]]))
-        mine = list(sim_ops(step, now))
-        last = step.finals[-1].op_id
-        gap = _issue_op(step.ops[0].op_id, len(dues), () if end is None else (end,), now)
-        mine[0] = mine[0]._replace(deps=(*mine[0].deps, gap.op_id))
-        if end is None:
-            dues.append(Due(r.rid, last, deadline))
-        else:
-            dues += [Due(r.rid, end, deadline), Due(r.rid, last, None, end, r.tpot_slo_s)]
-        ops += [gap, *mine]
+    for (placement, prio), members in groups.items():
+        more, mine = _group(draft, members)
+        dues += mine
+        if more:
+            ops += _pending(draft, placement, prio, more, len(ops), dues)
     return tuple(ops), dues
+
+
+def _group(draft: Draft, members: list[RequestView]) -> tuple[list[RequestView], list[Due]]:
+    """Of one group: those that decode again after the step they are in (or wait for), and
+    the deadline of each one's step in flight."""
+    now = draft.view.now
+    more: list[RequestView] = []
+    dues: list[Due] = []
+    for r in members:
+        end = draft.step_end(r.rid)
+        if end is not None:
+            dues.append(Due(r.rid, end, r.next_token_deadline(now)))
+        if r.num_output + (end is not None) < r.max_tokens:
+            more.append(r)  # NOTE: a step in flight that yields its last token ends it
+    return more, dues
+
+
+def _pending(draft: Draft, placement: Placement, prio: Priority, members: list[RequestView],
+             slot: int, dues: list[Due]) -> list[SimOp]:
+    """The pending step of `members` (one batch) after a round's `issue` op; adds the
+    deadline of each one's token in it to `dues`."""
+    now = draft.view.now
+    step = draft.view.builder.build(Plan(prio, placement,
+                                         [[Feed(r, r.num_tokens, 1) for r in members]]))
+    mine = list(sim_ops(step, now))
+    last = step.finals[-1].op_id
+    ends = {r.rid: draft.step_end(r.rid) for r in members}
+    after = tuple(sorted({e for e in ends.values() if e is not None}))
+    gap = _issue_op(step.ops[0].op_id, slot, after, now)
+    mine[0] = mine[0]._replace(deps=(*mine[0].deps, gap.op_id))
+    for r in members:
+        end = ends[r.rid]
+        assert r.tpot_slo_s is not None
+        dues.append(Due(r.rid, last, r.next_token_deadline(now)) if end is None
+                    else Due(r.rid, last, None, end, r.tpot_slo_s))
+    return [gap, *mine]
 
 
 def _issue_op(first: int, slot: int, after: tuple[int, ...], now: float) -> SimOp:

@@ -125,3 +125,11 @@ def test_no_pending_step_after_the_last_token() -> None:
     last = dataclasses.replace(_paced(), max_tokens=2)
     draft = Draft(_stepping_view(last))
     assert keeps_pace(draft, _low_plan(draft, "cpu:0", 400))
+
+
+def test_paced_requests_of_one_placement_share_one_pending_step() -> None:
+    # after a 7 ms low op, three one-token steps one after another (6.6 ms each) would end
+    # past a 25 ms pace; their one shared step (7.8 ms) does not
+    paced = [dataclasses.replace(_paced(tpot=0.025), rid=f"hi{i}") for i in range(3)]
+    draft = Draft(make_view(runnable=paced))
+    assert keeps_pace(draft, _low_plan(draft, "cpu:0", 60))
