@@ -21,7 +21,6 @@ from scheduler.round.requestview import Placement, RequestView
 # a third of it leaves the step, alone at most half the SLO for a 2x target, room to spare.
 # Smaller ops cost more hand-offs, so the bound holds only once a paced request was seen.
 TPOT_OP_FRACTION = 1 / 3
-LP_ROWS_QUANTUM = 32  # low chunk budgets under a TPOT bound are multiples of it (`_lp_budget`)
 
 
 def fill_low(draft: Draft) -> None:
@@ -111,12 +110,6 @@ def _lp_budget(draft: Draft, device: str, past: int) -> int:
             lo = mid
         else:
             hi = mid - 1
-    if tpot is not None and lo < view.cfg.max_batch_tokens:
-        # NOTE: the bound moves with `past`, so its budgets would be a new row count at
-        # nearly every plan; on a CPU the first layer group at a new count runs about twice
-        # as long (scheduler/cost/firstrows.py), in fact and in the estimate the guard
-        # weighs. Multiples of `LP_ROWS_QUANTUM` repeat, and pay that once each.
-        lo = max(view.cfg.min_lp_chunk_tokens, lo // LP_ROWS_QUANTUM * LP_ROWS_QUANTUM)
     return lo
 
 

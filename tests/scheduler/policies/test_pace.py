@@ -11,7 +11,7 @@ import dataclasses
 from executors.types import Priority
 from scheduler.config import SchedulerConfig
 from scheduler.policies.common import decode_plans
-from scheduler.policies.lowfill import LP_ROWS_QUANTUM, TPOT_OP_FRACTION
+from scheduler.policies.lowfill import TPOT_OP_FRACTION
 from scheduler.policies.pace import keeps_pace
 from scheduler.policies.scoring import harmless
 from scheduler.policies.slice import SlicePolicy
@@ -133,10 +133,3 @@ def test_paced_requests_of_one_placement_share_one_pending_step() -> None:
     paced = [dataclasses.replace(_paced(tpot=0.025), rid=f"hi{i}") for i in range(3)]
     draft = Draft(make_view(runnable=paced))
     assert keeps_pace(draft, _low_plan(draft, "cpu:0", 60))
-
-
-def test_low_chunks_under_a_pace_are_multiples_of_the_quantum() -> None:
-    # 6.67 ms per op would allow 56 tokens; 32 is a row count that repeats
-    low = req("lo", prompt=400, max_tokens=4)
-    (plan,) = SlicePolicy().schedule(_stepping_view(_paced(), (low,))).plans
-    assert plan.num_tokens() == LP_ROWS_QUANTUM
