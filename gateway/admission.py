@@ -98,7 +98,8 @@ def _charged_tokens(options: GenerationOptions, prompts: list[list[int]],
 def build_job(admission: Admission, tenant: Tenant, priority: Priority,
               options: GenerationOptions, prompts: list[list[int]], chat: bool, *,
               request_id: str, arrival: float, ttft_slo_s: float | None,
-              tools: ToolRequest | None = None, origin: str = "http",
+              tpot_slo_s: float | None = None, tools: ToolRequest | None = None,
+              origin: str = "http",
               trace_headers: Mapping[str, str] | None = None) -> Job:
     """An admitted, not yet submitted Job: limits resolved, quota charged, budget reserved
     (429 ApiError).
@@ -113,8 +114,8 @@ def build_job(admission: Admission, tenant: Tenant, priority: Priority,
     try:
         return _admit(admission, tenant, priority, options, prompts, chat, target,
                       request_id=request_id, arrival=arrival, ttft_slo_s=ttft_slo_s,
-                      tools=tools, origin=origin, trace_headers=trace_headers,
-                      adapter=adapter)
+                      tpot_slo_s=tpot_slo_s, tools=tools, origin=origin,
+                      trace_headers=trace_headers, adapter=adapter)
     except BaseException:
         adapter.release()
         raise
@@ -123,7 +124,7 @@ def build_job(admission: Admission, tenant: Tenant, priority: Priority,
 def _admit(admission: Admission, tenant: Tenant, priority: Priority,
            options: GenerationOptions, prompts: list[list[int]], chat: bool, target: Target,
            *, request_id: str, arrival: float, ttft_slo_s: float | None,
-           tools: ToolRequest | None, origin: str,
+           tpot_slo_s: float | None, tools: ToolRequest | None, origin: str,
            trace_headers: Mapping[str, str] | None, adapter: AdapterLease) -> Job:
     engine, quotas = admission.engine, admission.quotas
     max_tokens = [resolve_max_tokens(options, len(p), engine.max_model_len, chat,
@@ -151,7 +152,7 @@ def _admit(admission: Admission, tenant: Tenant, priority: Priority,
                 constraint=None if options.structured is None
                 else constraint_for(engine.grammars, options.structured),
                 trace=admission.tracer is not None, adapter=target.adapter,
-                model=target.base),
+                model=target.base, tpot_slo_s=tpot_slo_s),
                 engine, options.stop, echo, leader)
             generations.append(generation)
             if j == 0 and _share_prefill(options, engine):

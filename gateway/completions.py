@@ -39,7 +39,7 @@ async def generate(request: Request, tenant: Tenant, options: GenerationOptions,
     try:
         job = build_job(state.admission, tenant, priority, options, prompts, chat,
                         request_id=request_id_of(request), arrival=arrival_of(request),
-                        ttft_slo_s=tenant.ttft_slo_s, tools=tools,
+                        ttft_slo_s=tenant.ttft_slo_s, tpot_slo_s=tenant.tpot_slo_s, tools=tools,
                         trace_headers=None if state.tracing is None
                         else incoming_context(request.headers))
     except ApiError as exc:

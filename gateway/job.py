@@ -122,7 +122,7 @@ class Job:
         m.e2e.labels(*labels).observe(now - self.arrival_time)
         if g.num_generated > 1 and g.last_token_time is not None:
             tpot = (g.last_token_time - g.first_token_time) / (g.num_generated - 1)
-            m.tpot.labels(*labels).observe(tpot)
+            m.observe_tpot(labels, tpot, g.request.tpot_slo_s)
 
 
 def submit_error(exc: SubmitError, prompt_param: str) -> ApiError:

@@ -203,6 +203,16 @@ class GatewayMetrics:
                             ["tenant", "class", "reason"], registry=r)
         self.ttft_slo = Gauge("slicegate_tenant_ttft_slo_seconds", "A tenant's TTFT SLO.",
                               ["tenant", "priority"], registry=r)
+        self.tpot_slo = Gauge("slicegate_tenant_tpot_slo_seconds", "A tenant's TPOT SLO.",
+                              ["tenant", "priority"], registry=r)
+        # NOTE: per request, its mean time per output token after the first (the TPOT
+        # histogram's value) against its tenant's TPOT SLO: attained / requests per tenant
+        self.tpot_slo_requests = Counter("slicegate_tpot_slo_requests",
+                                         "Requests of two tokens or more with a TPOT SLO.",
+                                         ["tenant"], registry=r)
+        self.tpot_slo_attained = Counter("slicegate_tpot_slo_attained",
+                                         "Requests whose TPOT kept their TPOT SLO.",
+                                         ["tenant"], registry=r)
         ProcessCollector(registry=r)  # process_resident_memory_bytes & co (chaos reads RSS)
         self._stats = _StatsCollector(model_name)
         r.register(self._stats)
@@ -222,9 +232,21 @@ class GatewayMetrics:
     def set_tenants(self, tenants: Iterable[Tenant]) -> None:
         """The running tenants' SLOs (again after each change of the tenants)."""
         self.ttft_slo.clear()
+        self.tpot_slo.clear()
         for tenant in tenants:
             if tenant.ttft_slo_s is not None:
                 self.ttft_slo.labels(tenant.name, tenant.priority.label).set(tenant.ttft_slo_s)
+            if tenant.tpot_slo_s is not None:
+                self.tpot_slo.labels(tenant.name, tenant.priority.label).set(tenant.tpot_slo_s)
+
+    def observe_tpot(self, labels: tuple[str, str, str], tpot_s: float,
+                     slo_s: float | None) -> None:
+        """One request's mean time per output token, and whether it kept its SLO."""
+        self.tpot.labels(*labels).observe(tpot_s)
+        if slo_s is not None:
+            self.tpot_slo_requests.labels(labels[1]).inc()
+            if tpot_s <= slo_s:
+                self.tpot_slo_attained.labels(labels[1]).inc()
 
     def labels(self, tenant: str, priority: str,
                model: str | None = None) -> tuple[str, str, str]:

@@ -194,6 +194,7 @@ _BUDGET: S = _obj((), daily_tokens=_POSITIVE, monthly_tokens=_POSITIVE,
                   completion_weight=_nullable({"type": "number", "exclusiveMinimum": 0}))
 _TENANT_FIELDS: S = {"priority": _nullable({"enum": ["high", "normal", "low"]}),
                      "ttft_slo_ms": _nullable({"type": "number", "exclusiveMinimum": 0}),
+                     "tpot_slo_ms": _nullable({"type": "number", "exclusiveMinimum": 0}),
                      "max_concurrency": _POSITIVE, "requests_per_minute": _POSITIVE,
                      "tokens_per_minute": _POSITIVE, "share_prefix_cache": BOOL,
                      "budget": _nullable(_BUDGET),

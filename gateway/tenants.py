@@ -1,4 +1,4 @@
-"""Tenants: API keys -> name, priority class, TTFT SLO and quotas; auth; priority lowering.
+"""Tenants: API keys -> name, priority class, TTFT/TPOT SLOs and quotas; auth; priority lowering.
 
 The tenants file (YAML)::
 
@@ -8,6 +8,7 @@ The tenants file (YAML)::
         api_keys: [sk-ide-1]    # and/or api_key_sha256: [...]; at least one key
         priority: high          # high | normal | low (default normal)
         ttft_slo_ms: 500        # omitted: best effort
+        tpot_slo_ms: 50         # inter-token target once streaming; omitted: no pace kept
         max_concurrency: 64     # omitted limits mean unlimited
         requests_per_minute: 600
         tokens_per_minute: 200000
@@ -39,7 +40,7 @@ from gateway.tenancy.keys import hash_key, is_sha256, same_hash
 from gateway.yamlmarks import LineDict, LineList, line_of, load_with_lines
 
 SERVICE_TIERS = ("auto", "default", "flex", "priority")
-_TENANT_FIELDS = ("name", "api_keys", "api_key_sha256", "priority", "ttft_slo_ms",
+_TENANT_FIELDS = ("name", "api_keys", "api_key_sha256", "priority", "ttft_slo_ms", "tpot_slo_ms",
                   "max_concurrency", "requests_per_minute", "tokens_per_minute",
                   "share_prefix_cache", "budget", "models", "default_model")
 _MAX_NUMBER = 1 << 62  # larger limits are typos (and SQLite's integers end at 2**63)
@@ -62,6 +63,7 @@ class Tenant:
     budget: Budget | None = None  # token limits per UTC day and month
     models: tuple[str, ...] | None = None  # model and adapter names it may use; None: all
     default_model: str | None = None  # for requests without `model`; None: the base model
+    tpot_slo_ms: float | None = None  # inter-token target of its streams; None: no pace kept
 
     def __post_init__(self) -> None:
         if (self.default_model is not None and self.models is not None
@@ -80,6 +82,10 @@ class Tenant:
     @property
     def ttft_slo_s(self) -> float | None:
         return None if self.ttft_slo_ms is None else self.ttft_slo_ms / 1000.0
+
+    @property
+    def tpot_slo_s(self) -> float | None:
+        return None if self.tpot_slo_ms is None else self.tpot_slo_ms / 1000.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,7 +254,7 @@ def tenant_from_dict(item: Any, keys_required: bool = False) -> Tenant:
 def tenant_spec(tenant: Tenant) -> dict[str, Any]:
     """A tenant's fields as the file writes them, keys left out (`tenant_from_dict` reads it)."""
     spec: dict[str, Any] = {"name": tenant.name, "priority": tenant.priority.label,
-                            "ttft_slo_ms": tenant.ttft_slo_ms}
+                            "ttft_slo_ms": tenant.ttft_slo_ms, "tpot_slo_ms": tenant.tpot_slo_ms}
     spec.update({k: getattr(tenant, k) for k in _LIMIT_FIELDS})
     spec["share_prefix_cache"] = tenant.share_prefix_cache
     spec["budget"] = None if tenant.budget is None else tenant.budget.as_dict()
@@ -310,6 +316,7 @@ class _Reader:
                           f"unknown priority {item['priority']!r}; use high, normal or low")
         limits = {k: self.positive(item, k, f"{path}.{k}", integer=True) for k in _LIMIT_FIELDS}
         slo = self.positive(item, "ttft_slo_ms", f"{path}.ttft_slo_ms", integer=False)
+        tpot = self.positive(item, "tpot_slo_ms", f"{path}.tpot_slo_ms", integer=False)
         keys = (*self.hashes(item, "api_keys", f"{path}.api_keys", hashed=False),
                 *self.hashes(item, "api_key_sha256", f"{path}.api_key_sha256", hashed=True))
         if keys_required and not keys:
@@ -322,7 +329,7 @@ class _Reader:
         models, default = self.models(item, path)
         return Tenant(str(name).strip(), keys, priority, slo, **limits,
                       share_prefix_cache=share, budget=self.budget(item, f"{path}.budget"),
-                      models=models, default_model=default)
+                      models=models, default_model=default, tpot_slo_ms=tpot)
 
     def models(self, item: dict[str, Any], path: str) -> tuple[tuple[str, ...] | None,
                                                                 str | None]:

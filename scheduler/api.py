@@ -111,10 +111,14 @@ class Request:
     trace: bool = False  # record its plans: its last event carries a `RequestTrace`
     adapter: str | None = None  # the LoRA adapter it runs with (models/lora.py); None = base
     model: str = ""  # the base model of a server of several (models/modelset.py); "" = the first
+    # the tenant's inter-token target once its first token is out; None = no pace kept
+    tpot_slo_s: float | None = None
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
             raise ValueError("prompt_token_ids must not be empty")
+        if self.tpot_slo_s is not None and not self.tpot_slo_s > 0:
+            raise ValueError(f"tpot_slo_s must be > 0, got {self.tpot_slo_s}")
 
     @property
     def max_tokens(self) -> int:

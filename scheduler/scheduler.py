@@ -50,6 +50,7 @@ from scheduler.core.stats import collect
 from scheduler.provisioning.provisioner import Provisioner
 from scheduler.round.decision import Preemption, RoundDecision
 from scheduler.round.plan import Feed, OpTime, Plan, XferTime
+from scheduler.round.requestview import RequestView
 from scheduler.round.view import RoundView
 
 logger = logging.getLogger(__name__)
@@ -76,6 +77,7 @@ class Scheduler(Components):
         self._learning_task: asyncio.Task[None] | None = None  # the periodic INFO summary
         self._retry_on_progress = False  # the last round held work back (see RoundDecision)
         self._submitted = False  # a request came since the last round
+        self.tightest_tpot_s: float | None = None  # smallest TPOT SLO among requests seen
         self._wake = asyncio.Event()
         self._done: deque[OpInstance] = deque()  # completions not handled yet (any thread)
         self._booked: list[OpInstance] = []  # handled ops awaiting estimator and timeline
@@ -154,6 +156,9 @@ class Scheduler(Components):
         if request.ttft_slo_s is not None:
             self.tightest_slo_s = min(self.tightest_slo_s or request.ttft_slo_s,
                                       request.ttft_slo_s)
+        if request.tpot_slo_s is not None:
+            self.tightest_tpot_s = min(self.tightest_tpot_s or request.tpot_slo_s,
+                                       request.tpot_slo_s)
         self._submitted = True
         self._wake.set()
         return self._stream(state)
@@ -322,7 +327,12 @@ class Scheduler(Components):
             self.tightest_slo_s or self.cfg.default_ttft_slo_s, self.fair.view(),
             None if self.provisioner is None else self.replicas.holders(),
             self.calibration.factors(), frozenset(self.inflight.decode_classes),
-            self.model_devices)
+            self.model_devices, self._step_ends(running), self.tightest_tpot_s)
+
+    def _step_ends(self, running: tuple[RequestView, ...]) -> dict[str, int]:
+        """Request -> the last op of its plan in flight, for running requests with a pace."""
+        plans = ((r.rid, self.inflight.by_request.get(r.rid)) for r in running if r.is_paced)
+        return {rid: plan.finals[-1].op_id for rid, plan in plans if plan and plan.finals}
 
     def _apply(self, d: RoundDecision, now: float) -> None:
         """Commit a decision: first what frees KV, then what takes it, then the plans.

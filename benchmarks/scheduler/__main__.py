@@ -1,5 +1,5 @@
-"""`python -m benchmarks.scheduler overhead|estimators|simulator|policies|capacity|scaling|
-provisioning [--json FILE] ...`."""
+"""`python -m benchmarks.scheduler overhead|estimators|simulator|policies|pace|capacity|
+scaling|provisioning [--json FILE] ...`."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from benchmarks.scheduler import (
     capacity,
     estimators,
     overhead,
+    pace,
     policies,
     provisioning,
     scaling,
@@ -16,7 +17,8 @@ from benchmarks.scheduler import (
 
 BENCHES: dict[str, Bench] = {
     "overhead": overhead.main, "estimators": estimators.main,
-    "simulator": simulator.main, "policies": policies.main, "capacity": capacity.main,
+    "simulator": simulator.main, "policies": policies.main, "pace": pace.main,
+    "capacity": capacity.main,
     "scaling": scaling.main, "provisioning": provisioning.main}
 
 

@@ -114,8 +114,9 @@ class RequestState:
              shared: tuple[tuple[str, int], ...] = ()) -> RequestView:
         """This request as a policy sees it (cached until its progress, status or KV change);
         `cached` and `shared` as in `RequestView`."""
-        key = (self.num_computed, len(self.output_ids), self.placement, self.status,
-               self.priority, tuple(len(t) for t in self.tables.values()), cached, shared)
+        key = (self.num_computed, len(self.output_ids), self.last_token_time, self.placement,
+               self.status, self.priority, tuple(len(t) for t in self.tables.values()),
+               cached, shared)
         if self._view is None or key != self._view_key:
             blocks = tuple((d, len(t)) for d, t in sorted(self.tables.items()))
             self._view_key = key
@@ -123,7 +124,8 @@ class RequestState:
                 self.rid, self.req.tenant, self.priority, self.req.arrival_time,
                 self.req.ttft_slo_s, self.prompt_len, self.req.max_tokens, len(self.output_ids),
                 self.num_computed, self.placement, blocks, self.status is Status.SWAPPED,
-                cached, shared, self.req.sampling.prompt_logprobs is not None, self.req.model)
+                cached, shared, self.req.sampling.prompt_logprobs is not None, self.req.model,
+                self.req.tpot_slo_s, self.last_token_time)
         return self._view
 
     def block_keys(self, block_size: int, num_tokens: int) -> list[BlockKey]:

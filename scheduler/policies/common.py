@@ -64,21 +64,42 @@ def decode_plans(draft: Draft, priority_of: PriorityOf) -> list[Plan]:
     fragmenting it.
     """
     ready = sorted((r for r in draft.runnable() if not r.is_prefilling and r.placement
-                    and not draft.decoding(r.placement)),
+                    and not _stepping(draft, r)),
                    key=lambda r: (priority_of(r), r.arrival_s))
-    groups: dict[Placement, list[RequestView]] = defaultdict(list)
+    groups: dict[tuple[Placement, Priority | None], list[RequestView]] = defaultdict(list)
     for r in ready:
         if draft.is_runnable(r.rid) and make_room(draft, r, r.num_tokens):
-            groups[r.placement].append(r)  # type: ignore[index]
+            assert r.placement is not None
+            groups[r.placement, _paced_class(r)].append(r)
     plans = []
     size = draft.view.cfg.max_decode_seqs
-    for placement, members in groups.items():
+    for (placement, _), members in groups.items():
         members = [r for r in members if draft.is_runnable(r.rid)]  # not preempted since
         for i in range(0, len(members), size):
             part = members[i:i + size]
             feeds = [Feed(r, r.num_computed, 1) for r in part]
             plans.append(Plan(max(priority_of(r) for r in part), placement, [feeds]))
     return sorted(plans, key=lambda p: p.priority)
+
+
+def _paced_class(r: RequestView) -> Priority | None:
+    """The class whose own step `r` decodes in: its own with a TPOT SLO, else None (the
+    shared step of its placement).
+
+    NOTE: a request with a TPOT SLO never decodes in a step of a lower class: such a step
+    runs at that class and waits behind every low op issued before it on each device, so
+    its pace would be the low work's. Its own step costs one more weight read per token;
+    the TPOT guard (policies/pace.py) keeps low ops out of its way."""
+    return r.priority if r.tpot_slo_s is not None else None
+
+
+def _stepping(draft: Draft, r: RequestView) -> bool:
+    """Whether a step that `r` would have joined is in flight on its placement (a paced
+    request: a step of its class there; any other: any step there)."""
+    assert r.placement is not None
+    if _paced_class(r) is None:
+        return draft.decoding(r.placement)
+    return (r.placement, r.priority) in draft.view.decode_classes
 
 
 def make_room(draft: Draft, req: RequestView, num_tokens: int) -> bool:

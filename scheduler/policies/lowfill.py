@@ -10,10 +10,17 @@ from functools import partial
 from executors.types import Priority
 from models.batch import BatchShape
 from scheduler.policies.common import fair_order, placed, prefill_feed
+from scheduler.policies.pace import tightest_tpot_s
 from scheduler.policies.scoring import harmless, prefilling
 from scheduler.round.draft import Draft
 from scheduler.round.plan import Feed, Plan
 from scheduler.round.requestview import Placement, RequestView
+
+# NOTE: a paced request's next step waits for the one low op running on its device when it
+# is issued (its own ops then go first), so that op and the step must fit in its TPOT SLO;
+# a third of it leaves the step, alone at most half the SLO for a 2x target, room to spare.
+# Smaller ops cost more hand-offs, so the bound holds only once a paced request was seen.
+TPOT_OP_FRACTION = 1 / 3
 
 
 def fill_low(draft: Draft) -> None:
@@ -90,9 +97,12 @@ def _try_low(draft: Draft, placement: Placement, feeds: list[Feed],
 
 def _lp_budget(draft: Draft, device: str, past: int) -> int:
     """Most prefill tokens in one low-priority plan: its slowest layer group must stay
-    within a fraction of the tightest SLO (a high-priority op waits at most that)."""
+    within a fraction of the tightest SLO (a high-priority op waits at most that), and
+    within `TPOT_OP_FRACTION` of the tightest TPOT SLO seen (`pace.tightest_tpot_s`)."""
     view = draft.view
     bound = view.cfg.lp_op_slo_fraction * _tightest_slo(draft)
+    if (tpot := tightest_tpot_s(draft)) is not None:
+        bound = min(bound, TPOT_OP_FRACTION * tpot)
     group = view.builder.template.layer_groups[0].name
     lo, hi = view.cfg.min_lp_chunk_tokens, view.cfg.max_batch_tokens
     while lo < hi:

@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from executors.types import Priority
+from executors.types import OpRole, Priority
+from scheduler.policies.pace import keeps_pace
 from scheduler.round.calibration import kind_of
 from scheduler.round.draft import Draft
 from scheduler.round.plan import Feed, Plan
@@ -30,12 +31,27 @@ def score(draft: Draft, r: RequestView, placement: Placement, chunks: list[list[
     pred = draft.simulate(plan)
     if pred.oom:
         return None
-    raw = pred.first_token.get(r.rid, pred.end)
+    raw = pred.first_token.get(r.rid, pred.end + rest_s(plan, r))
     first = expected(draft, plan, raw)
     deadline = r.ttft_deadline
     missed = (deadline is not None and first > deadline) + harmed(draft, pred)
     plan.predicted_first_token_s = raw
     return Scored(plan, (missed, first + decode_delay(draft, plan, pred)))
+
+
+def rest_s(plan: Plan, r: RequestView) -> float:
+    """Seconds of the prompt `plan` leaves for `r`'s later plans: its compute time per token
+    times the tokens left (0 when it feeds the whole prompt).
+
+    NOTE: a candidate that feeds only the first batch of a long prompt ends before one that
+    feeds it whole; scored by its end alone it would always win, though the first token
+    comes only after the plans that follow it."""
+    fed = sum(f.num_tokens for chunk in plan.chunks for f in chunk if f.rid == r.rid)
+    left = r.num_tokens - r.num_computed - fed
+    if left <= 0 or not fed:
+        return 0.0
+    compute = sum(op.est_s for op in plan.ops if op.role is OpRole.COMPUTE)
+    return compute * left / max(1, plan.num_tokens())
 
 
 def prefilling(draft: Draft, device: str, prio: Priority) -> bool:
@@ -129,12 +145,14 @@ def harmed(draft: Draft, pred: Prediction) -> int:
 
 
 def harmless(draft: Draft, plan: Plan) -> bool:
-    """True unless the plan would make a request with a TTFT deadline miss it.
+    """True unless the plan would make a request with a TTFT deadline miss it, or a paced
+    request of a higher class miss its next decode deadline (`pace.keeps_pace`).
 
     NOTE: KV pools are reserved whole at start-up and admission is checked against
     them, so the simulated memory that can overflow is activations.
     """
-    if not draft.snapshot().deadlines:
-        return True
-    pred = draft.simulate(plan)
-    return not pred.oom and not harmed(draft, pred)
+    if draft.snapshot().deadlines:
+        pred = draft.simulate(plan)
+        if pred.oom or harmed(draft, pred):
+            return False
+    return keeps_pace(draft, plan)

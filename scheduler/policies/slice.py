@@ -242,7 +242,7 @@ class SlicePolicy:
         # (after the cached context), so the simulation weighs the hit against that device's
         # load: the longest cached prefix wins unless its device is busier by more.
         composed = placements(view, draft.load)
-        out: list[Ladder] = [[(p, [[prefill_feed(draft.on(r, p), budget)]])] for p in composed]
+        out: list[Ladder] = [[(p, _batches(draft.on(r, p), budget))] for p in composed]
         todo = min(budget, r.num_tokens - r.num_computed)
         if len(view.devices) < 2 or todo < MIN_PIPELINE_TOKENS or r.cached:
             # NOTE: a cached prefix serves only a placement on the one device holding it
@@ -253,14 +253,18 @@ class SlicePolicy:
         # chunked pipeline: a chunk's later operators overlap the next chunk's earlier ones
         for ladder in out:
             if len(set(ladder[0][0])) > 1:
-                ladder += _pipelines(r, ladder[0][0], todo)
+                ladder += _pipelines(r, ladder[0][0], budget)
         a, b = sorted(view.devices, key=lambda d: (draft.load(d), d))[:2]
         at = 1 + (n - 2) // 2  # embed + first half of the layer groups
         for first, second in ((a, b), (b, a)):
             placement = split(first, second, at, n)
             if not view.allows(placement):
                 continue  # NOTE: with replicas, `placements` composes the splits they allow
-            out.append([(placement, [[prefill_feed(r, budget)]]), *_pipelines(r, placement, todo)])
+            # NOTE: a prompt longer than a batch is fed whole: after a plan of its first
+            # batch the rest waits for the low ops that start in the gap (see `_batches`)
+            whole = r.num_tokens - r.num_computed > budget
+            out.append([*([] if whole else [(placement, [[prefill_feed(r, budget)]])]),
+                        *_pipelines(r, placement, budget)])
         return out
 
     # -- decode ------------------------------------------------------------------------------
@@ -304,10 +308,34 @@ class SlicePolicy:
 Ladder = list[tuple[Placement, list[list[Feed]]]]  # candidates, each with more chunks
 
 
-def _pipelines(r: RequestView, placement: Placement, todo: int) -> Ladder:
-    """`placement` as chunked pipelines of `todo` tokens, by increasing chunk count."""
-    return [(placement, chunk_feeds(r, -(-todo // k), k)) for k in CHUNK_COUNTS
-            if todo >= k * MIN_PIPELINE_TOKENS // 2]
+def _batches(r: RequestView, budget: int) -> list[list[Feed]]:
+    """The rest of `r`'s prompt in one plan: one chunk, or up to `max(CHUNK_COUNTS)` chunks
+    of `budget` tokens when it is longer than one batch.
+
+    NOTE: plans of one request run one after another; between two, the device starts a
+    low op queued there before the round issues the next, and the prompt waits for it.
+    Chunks of one plan on one device follow each other with no such gap."""
+    left = r.num_tokens - r.num_computed
+    if left <= budget:
+        return [[prefill_feed(r, budget)]]
+    return chunk_feeds(r, budget, min(max(CHUNK_COUNTS), -(-left // budget)))
+
+
+def _pipelines(r: RequestView, placement: Placement, budget: int) -> Ladder:
+    """`placement` as chunked pipelines of the rest of `r`'s prompt, by increasing chunk
+    count, each chunk at most `budget` tokens.
+
+    NOTE: a prompt longer than one batch (`max_batch_tokens`) is pipelined whole, not one
+    batch at a time: plans of one request run one after another (the next is issued when
+    one ends), so a split would leave its first device idle while the second runs the
+    first batch's later layers; in one plan, the next chunk's early layers overlap them."""
+    left = r.num_tokens - r.num_computed
+    out: Ladder = []
+    for k in CHUNK_COUNTS:
+        todo = min(left, k * budget)
+        if todo >= k * MIN_PIPELINE_TOKENS // 2:
+            out.append((placement, chunk_feeds(r, -(-todo // k), k)))
+    return out
 
 
 def _in_flight(view: RoundView) -> object:

@@ -27,7 +27,7 @@ from scheduler.round.decision import (
 from scheduler.round.plan import Plan, to_candidate
 from scheduler.round.requestview import Placement, RequestView
 from scheduler.round.view import RoundView
-from scheduler.sim.gmg import Snapshot
+from scheduler.sim.gmg import SimOp, Snapshot
 from scheduler.sim.simulator import simulate
 from scheduler.sim.types import Candidate, Prediction
 
@@ -52,6 +52,7 @@ class Draft:
         self.preempted: set[str] = set()  # requests preempted this round
         self._queued: dict[str, RequestView] = {}  # admitted this round: its waiting view
         self._taken: dict[str, int] = {}  # admitted this round: free blocks it took per device
+        self._step_ends = dict(view.step_ends)  # request -> last op of its plan issued
         self.decision = RoundDecision()
 
     # -- reading -----------------------------------------------------------------------------
@@ -100,6 +101,11 @@ class Draft:
         classes = list(Priority) if priority is None else [priority]
         return sum(self._prefills.get((device, p), 0) for p in classes)
 
+    def step_end(self, rid: str) -> int | None:
+        """The last op of the plan in flight (or issued this round) carrying `rid`, where the
+        view tracks it (running requests with a TPOT SLO) or this round issued it."""
+        return self._step_ends.get(rid)
+
     def decoding(self, placement: Placement) -> bool:
         """Whether a decode step is in flight on this placement."""
         return placement in self._decodes
@@ -117,9 +123,15 @@ class Draft:
             self._base = self._sim(self.snapshot(), None)
         return self._base
 
-    def simulate(self, plan: Plan) -> Prediction:
-        """Predict the devices with `plan` issued now on top of the snapshot."""
-        return self._sim(self.snapshot(), self._candidate(plan))
+    def simulate(self, plan: Plan | None, extra: tuple[SimOp, ...] = ()) -> Prediction:
+        """Predict the devices with `plan` (if any) issued now on top of the snapshot, and
+        the `extra` ops beside it (work not issued yet that a check weighs it against)."""
+        if plan is None:
+            return self._sim(self.snapshot(), Candidate(extra)) if extra else self.baseline()
+        cand = self._candidate(plan)
+        if extra:
+            cand = Candidate((*cand.ops, *extra), cand.kv_bytes)
+        return self._sim(self.snapshot(), cand)
 
     def _candidate(self, plan: Plan) -> Candidate:
         if plan.candidate is None:  # NOTE: built once: simulated, then added to the snapshot
@@ -262,6 +274,8 @@ class Draft:
         """Add a built plan: its requests leave `runnable`, its ops join the devices' queues."""
         for rid in plan.rids:
             self._runnable.pop(rid, None)
+            if plan.finals:
+                self._step_ends[rid] = plan.finals[-1].op_id
         for op in plan.ops:
             self._load[op.device] = self._load.get(op.device, 0.0) + op.est_s
         if plan.is_prefill:

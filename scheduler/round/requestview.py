@@ -31,10 +31,25 @@ class RequestView:
     kv_shared: tuple[tuple[str, int], ...] = ()  # (device, blocks others hold too) if admitted
     scores_prompt: bool = False  # asks for prompt log-probs: its prefill chunks run the head
     model: str = ""  # its model, in a server of several (models/modelset.py); "" = the only one
+    tpot_slo_s: float | None = None  # its inter-token target (policies/pace.py); None: none
+    last_token_s: float | None = None  # when its last token was emitted (None: none yet)
 
     @property
     def ttft_deadline(self) -> float | None:
         return None if self.ttft_slo_s is None else self.arrival_s + self.ttft_slo_s
+
+    @property
+    def is_paced(self) -> bool:
+        """Decoding with an inter-token target: its next step has a deadline."""
+        return self.tpot_slo_s is not None and self.num_output > 0 and not self.is_prefilling
+
+    def next_token_deadline(self, now: float) -> float | None:
+        """When its next token is due: its last one's time plus its TPOT SLO, or `now` plus
+        the SLO once that moment has passed (a missed pace restarts from now)."""
+        if self.tpot_slo_s is None:
+            return None
+        due = (self.last_token_s if self.last_token_s is not None else now) + self.tpot_slo_s
+        return due if due > now else now + self.tpot_slo_s
 
     @property
     def num_tokens(self) -> int:

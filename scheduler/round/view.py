@@ -56,6 +56,11 @@ class RoundView:
     # (models/modelset.py). NOTE: with several models a request runs on one device
     model_devices: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
+    # request id -> op id of the last op of the plan in flight carrying it, for each running
+    # request with a TPOT SLO: its next step follows that op (policies/pace.py)
+    step_ends: Mapping[str, int] = field(default_factory=dict)
+    tightest_tpot_s: float | None = None  # smallest TPOT SLO seen (sizes low chunks); None: none
+
     def may_place(self, req: RequestView, placement: Placement) -> bool:
         """Whether `req`'s model may run on `placement`: always with one model; with several,
         on one device among its model's (`model_devices`)."""

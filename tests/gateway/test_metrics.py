@@ -8,8 +8,16 @@ import time
 import pytest
 
 from gateway.metrics import GatewayMetrics
+from gateway.tenants import parse_tenants
 from scheduler.api import SchedulerStats
-from tests.gateway.harness import EngineFactory, auth_config, running
+from tests.gateway.harness import (
+    TENANTS_YAML,
+    EngineFactory,
+    auth_config,
+    make_config,
+    record_requests,
+    running,
+)
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -73,3 +81,26 @@ async def test_request_gauges_carry_each_models_name_with_several_models() -> No
     one = GatewayMetrics("chat").render(SchedulerStats(num_running={("ide", "high"): 2}))
     assert 'vllm:num_requests_running{model_name="chat",priority="high",tenant="ide"} 2.0' \
         in one.decode()
+
+
+async def test_tpot_slo_attainment_per_tenant(make_engine: EngineFactory) -> None:
+    # 20 ms per decode step: ide's 1 s pace is kept, chat's 5 ms one is not
+    yaml = TENANTS_YAML.replace("ttft_slo_ms: 500", "ttft_slo_ms: 500\n    tpot_slo_ms: 1000")
+    yaml = yaml.replace("priority: normal", "priority: normal\n    tpot_slo_ms: 5")
+    engine = make_engine(token_delay_s=0.02)
+    seen = record_requests(engine)
+    async with running(make_config(parse_tenants(yaml)), engine) as h:
+        for key in ("sk-ide-1", "sk-chat-1", "sk-nightly-1"):
+            response = await h.client.post(
+                "/v1/completions", json={"prompt": "hello", "max_tokens": 4},
+                headers={"authorization": f"Bearer {key}"})
+            assert response.status_code == 200
+        text = (await h.client.get("/metrics")).text
+    assert [r.tpot_slo_s for r in seen] == [1.0, 0.005, None]
+    assert 'slicegate_tenant_tpot_slo_seconds{priority="high",tenant="ide"} 1.0' in text
+    assert 'slicegate_tpot_slo_requests_total{tenant="ide"} 1.0' in text
+    assert 'slicegate_tpot_slo_attained_total{tenant="ide"} 1.0' in text
+    assert 'slicegate_tpot_slo_requests_total{tenant="chat"} 1.0' in text
+    assert 'slicegate_tpot_slo_attained_total{tenant="chat"}' not in text
+    assert 'tenant="nightly"' not in "\n".join(
+        line for line in text.splitlines() if line.startswith("slicegate_tpot_slo"))

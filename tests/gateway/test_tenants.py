@@ -165,3 +165,14 @@ async def test_models_and_default_model_are_read_and_checked() -> None:
         assert str(info.value).startswith("t.yaml:"), str(info.value)
         assert ("tenants[0].models" in str(info.value)
                 or "tenants[0].default_model" in str(info.value))
+
+
+async def test_tpot_slo_ms_is_read_checked_and_written() -> None:
+    text = ISSUE_EXAMPLE.replace("ttft_slo_ms: 500", "ttft_slo_ms: 500\n    tpot_slo_ms: 48")
+    ide, nightly = parse_tenants(text).tenants
+    assert (ide.tpot_slo_ms, ide.tpot_slo_s, nightly.tpot_slo_s) == (48, 0.048, None)
+    assert tenant_spec(ide)["tpot_slo_ms"] == 48 and tenant_spec(nightly)["tpot_slo_ms"] is None
+    for bad in ("0", "-1", "fast"):
+        with pytest.raises(TenantsFileError) as info:
+            parse_tenants(text.replace("tpot_slo_ms: 48", f"tpot_slo_ms: {bad}"), "t.yaml")
+        assert str(info.value).startswith("t.yaml:7: tenants[0].tpot_slo_ms"), str(info.value)

@@ -47,6 +47,11 @@ class Outcome:
     num_cached_tokens: int = 0  # as the request's events reported it
     shed: Overloaded | None = None  # evicted from its queue (its stream raised this)
     finished_at: float | None = None  # virtual time its stream ended
+    token_at: list[float] = field(default_factory=list)  # virtual time of each token
+
+    def gaps(self) -> list[float]:
+        """Seconds between consecutive tokens (its inter-token times)."""
+        return [b - a for a, b in zip(self.token_at, self.token_at[1:], strict=False)]
 
 
 class ClusterRun:
@@ -102,11 +107,12 @@ class ClusterRun:
 
     def submit(self, rid: str, priority: Priority, prompt_len: int, max_tokens: int = 4,
                slo_s: float | None = None, tenant: str = "t",
-               prompt: list[int] | None = None, model: str = "") -> Outcome:
+               prompt: list[int] | None = None, tpot_s: float | None = None,
+               model: str = "") -> Outcome:
         ids = prompt if prompt is not None else [3 + (i % 50) for i in range(prompt_len)]
         req = Request(rid, tenant, priority, ids,
                       SamplingParams(temperature=0, max_tokens=max_tokens), ttft_slo_s=slo_s,
-                      arrival_time=self.cluster.now, model=model)
+                      arrival_time=self.cluster.now, tpot_slo_s=tpot_s, model=model)
         if self.kv_model is not None:
             self.kv_model.prompts[rid] = ids
         out = self.outcomes[rid] = Outcome()
@@ -118,6 +124,7 @@ class ClusterRun:
                 async for ev in stream:
                     if ev.token_id is not None:
                         out.tokens.append(ev.token_id)
+                        out.token_at.append(self.cluster.now)
                         if out.first_token_at is None:
                             out.first_token_at = self.cluster.now
                     out.num_cached_tokens = ev.num_cached_tokens

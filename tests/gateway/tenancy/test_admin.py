@@ -54,8 +54,12 @@ async def test_add_change_revoke_delete(make_engine: EngineFactory, tmp_path: Pa
         assert "sk-ide" not in listed and '"source":"admin"' in listed
 
         patched = await c.patch("/admin/tenants/team-a", headers=ADMIN,
-                                json={"priority": "normal", "ttft_slo_ms": 900})
+                                json={"priority": "normal", "ttft_slo_ms": 900,
+                                      "tpot_slo_ms": 60})
         assert patched.json()["priority"] == "normal" and patched.json()["ttft_slo_ms"] == 900
+        assert patched.json()["tpot_slo_ms"] == 60
+        bad = await c.patch("/admin/tenants/team-a", headers=ADMIN, json={"tpot_slo_ms": -1})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "tpot_slo_ms", bad.text
         assert (await complete(c, key)).headers["x-slicegate-priority"] == "normal"
 
         own = await c.post("/admin/tenants/team-a/keys", headers=ADMIN,

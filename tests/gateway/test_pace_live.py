@@ -1,0 +1,76 @@
+"""A tenant's `tpot_slo_ms` through the real server: the openai client streams an
+interactive answer while a batch tenant's requests run, and /metrics counts the pace kept.
+
+The real `python -m gateway serve` on the tiny random model, so the TPOT guard runs on real
+ops, with the estimator's predictions: the SLO is generous (the point is that the guarded
+scheduler serves both tenants and that the metrics count it, not a timing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.serve import GatewayProcess
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+ADMIN = {"Authorization": "Bearer sk-admin-1"}
+TENANTS = """admin_keys: [sk-admin-1]
+tenants:
+  - name: ide
+    api_keys: [sk-ide-1]
+    priority: high
+    ttft_slo_ms: 5000
+    tpot_slo_ms: 5000
+  - name: nightly
+    api_keys: [sk-nightly-1]
+    priority: low
+"""
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[GatewayProcess]:
+    (tmp_path / "tenants.yaml").write_text(TENANTS)
+    s = GatewayProcess(["--model", "tiny-random", "--dtype", "float32",
+                        "--device-memory-gib", "0.25", "--tenants",
+                        str(tmp_path / "tenants.yaml"), "--log-level", "warning"],
+                       tmp_path / "server.log")
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+async def test_a_paced_stream_beside_batch_work(server: GatewayProcess) -> None:
+    ide = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="sk-ide-1", max_retries=0)
+    nightly = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="sk-nightly-1",
+                                 max_retries=0)
+    batch = [asyncio.create_task(nightly.completions.create(
+        model="tiny-random", prompt="lorem ipsum " * 60, max_tokens=24, temperature=0,
+        extra_body={"ignore_eos": True})) for _ in range(4)]
+    stream = await ide.chat.completions.create(
+        model="tiny-random", messages=[{"role": "user", "content": "hi"}], max_tokens=12,
+        stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    chunks = [c async for c in stream]
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
+    done = await asyncio.gather(*batch)
+    assert all(d.usage is not None and d.usage.completion_tokens == 24 for d in done)
+    await ide.close()
+    await nightly.close()
+    metrics = ""
+    for _ in range(50):  # NOTE: a request is counted when its job ends, just after its stream
+        metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
+        if 'slicegate_tpot_slo_requests_total{tenant="ide"}' in metrics:
+            break
+        await asyncio.sleep(0.1)
+    assert 'slicegate_tenant_tpot_slo_seconds{priority="high",tenant="ide"} 5.0' in metrics
+    assert 'slicegate_tpot_slo_requests_total{tenant="ide"} 1.0' in metrics
+    assert 'slicegate_tpot_slo_attained_total{tenant="ide"} 1.0' in metrics
+    gmg = httpx.get(f"{server.url}/admin/gmg", headers=ADMIN, timeout=5).json()
+    assert sum(d["kv_blocks_used"] for d in gmg["devices"]) == 0
