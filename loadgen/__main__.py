@@ -12,6 +12,7 @@ from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
+from loadgen.bench_models_cli import add_parser as add_bench_models_parser
 from loadgen.bursts import add_parser as add_bursts_parser
 from loadgen.chaos_cli import add_parser as add_chaos_parser
 from loadgen.client import DIALECTS
@@ -127,6 +128,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
     _replay_parser(sub.add_parser("replay", help="replay tenants' workloads against a server"))
     _bench_parser(sub.add_parser("bench", help="slicegate policies and peers side by side"))
+    add_bench_models_parser(sub.add_parser(
+        "bench-models", help="two models on one machine: one slicegate, a static split, "
+                             "two vLLM servers"))
     _probe_parser(sub.add_parser("probe", help="what the serving path adds to a request"))
     add_chaos_parser(sub.add_parser("chaos", help="overload, faults, dropped streams, "
                                                   "fuzzing and soak, each against its server"))
