@@ -60,7 +60,8 @@ def _bench(args: argparse.Namespace) -> int:
         devices=args.devices, dtype=args.dtype, max_model_len=args.max_model_len,
         batch=args.batch, tail_s=args.tail, slo_ms=args.slo_ms,
         alone_policy=args.alone_policy, slo_factor=args.slo_factor,
-        max_requests=args.max_requests, tpot_slo_ms=tpot_ms, tpot_slo_factor=tpot_factor,
+        max_requests=args.max_requests, span_s=args.span_s, tpot_slo_ms=tpot_ms,
+        tpot_slo_factor=tpot_factor,
         serve_args=tuple(args.serve_arg), ready_timeout_s=args.ready_timeout,
         no_cache_policies=_no_cache(args.no_cache_runs),
         peer_ready_timeout_s=args.peer_ready_timeout, drain_timeout_s=args.drain_timeout,
@@ -200,6 +201,8 @@ def _bench_parser(b: argparse.ArgumentParser) -> None:
                         "the stream alone under slice first (its TPOT alone)")
     b.add_argument("--max-requests", type=int, default=None,
                    help="cut the recipe's trace to its first N requests (a short run)")
+    b.add_argument("--span-s", type=float, default=None,
+                   help="cut the recipe's trace to its first S seconds of replay (a short run)")
     b.add_argument("--tpot-slo-ms", default=None,
                    help="write the interactive tenant's tpot_slo_ms: MS, or Nx (N x its TPOT "
                         "p50 alone); default: not written")

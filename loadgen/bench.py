@@ -74,6 +74,7 @@ class BenchConfig:
     interactive: str | None = None  # a tenant SOURCE; None: default_interactive(recipe)
     recipe: str = "default"  # the interactive trace's shape when `interactive` is None
     max_requests: int | None = None  # the recipe's trace cut to its first N (short runs)
+    span_s: float | None = None  # the recipe's trace cut to its first S seconds of replay
     batch: str = "concurrency=16,prompt=512,gen=64"  # a tenant SOURCE; "none": interactive alone
     tail_s: float = 2.0  # mixed runs send batch work until the last interactive arrival + this
     slo_ms: float | None = None  # None: measured by the alone run
@@ -109,13 +110,13 @@ class BenchConfig:
             raise ValueError("--slo-factor must be > 0")
         if self.tpot_slo_ms is not None and self.tpot_slo_factor is not None:
             raise ValueError("give a TPOT SLO in ms or as a factor of the alone TPOT, not both")
-        for name in ("tpot_slo_ms", "tpot_slo_factor", "max_requests"):
+        for name in ("tpot_slo_ms", "tpot_slo_factor", "max_requests", "span_s"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be > 0, got {value}")
-        if self.max_requests is not None and self.interactive is not None:
-            raise ValueError("--max-requests cuts the recipe's trace; with --interactive give "
-                             "max_requests= in its SOURCE")
+        if (self.max_requests, self.span_s) != (None, None) and self.interactive is not None:
+            raise ValueError("--max-requests and --span-s cut the recipe's trace; with "
+                             "--interactive give max_requests= or window_s= in its SOURCE")
 
     @classmethod
     def for_recipe(cls, out: Path, recipe: str = "default", **given: Any) -> BenchConfig:
@@ -170,8 +171,8 @@ def run_bench(config: BenchConfig, command: str = "") -> dict[str, Any]:
     """
     started_at = _now()
     if config.interactive is None:
-        config = replace(config, max_requests=None, interactive=default_interactive(
-            config.recipe, config.max_requests))
+        config = replace(config, max_requests=None, span_s=None, interactive=default_interactive(
+            config.recipe, config.max_requests, config.span_s))
     assert config.interactive is not None
     config.out.mkdir(parents=True, exist_ok=True)
     folder = resolve_model_folder(config.model)

@@ -70,6 +70,7 @@ class ModelsBenchConfig:
     max_model_len: int = 2048  # and 2048
     interactive: str | None = None  # a tenant SOURCE; None: the saturating recipe's trace
     max_requests: int | None = None  # the recipe's trace cut to its first N (short runs)
+    span_s: float | None = None  # the recipe's trace cut to its first S seconds of replay
     batch: str = SATURATING_BATCH  # a closed-loop tenant SOURCE
     slo_ms: float = 500.0  # the interactive tenant's TTFT SLO, every layout held to it
     policy: str = "slice"  # slicegate --policy in the slice and static layouts
@@ -93,9 +94,9 @@ class ModelsBenchConfig:
             raise ValueError(f"give two devices, one per model, got {self.devices}")
         if self.slo_ms <= 0:
             raise ValueError("--slo-ms must be > 0")
-        if self.max_requests is not None and self.interactive is not None:
-            raise ValueError("--max-requests cuts the recipe's trace; with --interactive give "
-                             "max_requests= in its SOURCE")
+        if (self.max_requests, self.span_s) != (None, None) and self.interactive is not None:
+            raise ValueError("--max-requests and --span-s cut the recipe's trace; with "
+                             "--interactive give max_requests= or window_s= in its SOURCE")
         if not isinstance(parse_source(self.batch), ClosedLoop):
             raise ValueError(f"the batch tenant is a closed loop, got {self.batch!r}")
 
@@ -129,7 +130,8 @@ def slice_layout(config: ModelsBenchConfig, port: int, tenants: Path) -> Layout:
         config.serve_cmd, model=f"{MODEL_NAMES[INTERACTIVE]}={config.model}",
         policy=config.policy, tenants=tenants, port=port, devices=",".join(config.devices),
         dtype=config.dtype, max_model_len=config.max_model_len,
-        extra=("--model", f"{MODEL_NAMES[BATCH]}={config.model}", *config.serve_args))
+        extra=("--model", f"{MODEL_NAMES[BATCH]}={config.model}",
+               "--data-dir", str(tenants.parent / "data-slice"), *config.serve_args))
     spec = ServerSpec("slice", command, port, "/health", None, config.ready_timeout_s)
     return Layout("slice", (spec,), {t: (0, m) for t, m in MODEL_NAMES.items()}, ADMIN_KEY)
 
@@ -138,11 +140,14 @@ def static_layout(config: ModelsBenchConfig, ports: tuple[int, int], tenants: Pa
     """One slicegate per model, each on one device (and one core)."""
     servers = []
     for tenant, device, port in zip(MODEL_NAMES, config.devices, ports, strict=True):
+        name = f"static-{MODEL_NAMES[tenant]}"
+        # NOTE: each server its own data dir (Batch API files, tenant store): one holds its lock.
         command = slicegate_command(
             config.serve_cmd, model=config.model, policy=config.policy, tenants=tenants,
             port=port, devices=device, dtype=config.dtype, max_model_len=config.max_model_len,
-            extra=("--cpu-threads", "1", *config.serve_args))
-        servers.append(ServerSpec(f"static-{MODEL_NAMES[tenant]}",
+            extra=("--cpu-threads", "1", "--data-dir", str(tenants.parent / f"data-{name}"),
+                   *config.serve_args))
+        servers.append(ServerSpec(name,
                                   _pinned(command, core_of(device), config.pin), port,
                                   "/health", None, config.ready_timeout_s))
     pinned = config.pin and shutil.which("taskset") is not None
@@ -193,8 +198,8 @@ def run_models_bench(config: ModelsBenchConfig, command: str = "") -> dict[str, 
     """Run every layout, write bench.md and bench.json, return the JSON document."""
     started_at = _now()
     if config.interactive is None:
-        config = replace(config, max_requests=None, interactive=default_interactive(
-            "saturating", config.max_requests))
+        config = replace(config, max_requests=None, span_s=None, interactive=default_interactive(
+            "saturating", config.max_requests, config.span_s))
     assert config.interactive is not None
     config.out.mkdir(parents=True, exist_ok=True)
     folder = resolve_model_folder(config.model)

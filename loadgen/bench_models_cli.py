@@ -31,6 +31,8 @@ def add_parser(b: argparse.ArgumentParser) -> None:
                         "the Azure code trace, see loadgen/README.md)")
     b.add_argument("--max-requests", type=int, default=None,
                    help="cut the recipe's trace to its first N requests (a short run)")
+    b.add_argument("--span-s", type=float, default=None,
+                   help="cut the recipe's trace to its first S seconds of replay (a short run)")
     b.add_argument("--batch", default=SATURATING_BATCH,
                    help="the batch tenant's closed loop (default: %(default)s)")
     b.add_argument("--slo-ms", type=float, default=500.0,
@@ -67,7 +69,8 @@ def config_from(args: argparse.Namespace) -> ModelsBenchConfig:
         layouts=tuple(n.strip() for n in args.layouts.split(",") if n.strip()),
         model=args.model, devices=(devices[0], devices[1]), dtype=args.dtype,
         max_model_len=args.max_model_len, interactive=args.interactive,
-        max_requests=args.max_requests, batch=args.batch, slo_ms=args.slo_ms,
+        max_requests=args.max_requests, span_s=args.span_s, batch=args.batch,
+        slo_ms=args.slo_ms,
         policy=args.policy, tail_s=args.tail, pin=not args.no_pin,
         serve_args=tuple(args.serve_arg), ready_timeout_s=args.ready_timeout,
         peer_ready_timeout_s=args.peer_ready_timeout, drain_timeout_s=args.drain_timeout,

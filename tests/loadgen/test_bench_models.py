@@ -39,6 +39,7 @@ def test_the_slice_layout_is_one_server_with_both_models(tmp_path: Path) -> None
     command = " ".join(server.command)
     assert command.startswith("python -m gateway serve --model chat=default --policy slice ")
     assert "--devices cpu:0,cpu:1" in command and "--model batch=default" in command
+    assert f"--data-dir {tmp_path / 'run' / 'data-slice'}" in command
     assert layout.targets == {"interactive": (0, "chat"), "batch": (0, "batch")}
     tenants = parse_tenants_yaml((tmp_path / "run" / "tenants.yaml").read_text())
     chat, batch = tenants.tenant_named("interactive"), tenants.tenant_named("batch")
@@ -57,6 +58,7 @@ def test_the_static_split_is_one_server_per_core(tmp_path: Path,
     for spec, device in ((chat, "cpu:0"), (batch, "cpu:1")):
         command = " ".join(spec.command)
         assert f"--devices {device}" in command and "--cpu-threads 1" in command
+        assert f"--data-dir {tmp_path}/data-{spec.name}" in command  # one lock each
         assert "--model default " in command
     assert (chat.name, batch.name, chat.port, batch.port) == ("static-chat", "static-batch",
                                                               8001, 8002)
@@ -89,7 +91,7 @@ def test_config_errors(tmp_path: Path) -> None:
         ModelsBenchConfig(out=tmp_path, devices=("cpu:0", "cpu:0"))
     with pytest.raises(ValueError, match="closed loop"):
         ModelsBenchConfig(out=tmp_path, batch="rate=1,prompt=8,gen=8")
-    with pytest.raises(ValueError, match="--max-requests cuts"):
+    with pytest.raises(ValueError, match="--max-requests and --span-s cut"):
         ModelsBenchConfig(out=tmp_path, max_requests=5, interactive="synthetic-coding")
     assert main(["bench-models", "--devices", "cpu:0", "--out", str(tmp_path)]) == 2
 

@@ -15,7 +15,7 @@ from loadgen.recipes import (
     SATURATING_BATCH,
     default_interactive,
     recipe_defaults,
-    with_max_requests,
+    shortened,
 )
 from loadgen.workload import parse_source, plan_arrivals
 
@@ -35,24 +35,30 @@ def azure_every_second(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return path
 
 
-def test_the_saturating_window_is_240_s_at_half_speed(azure_every_second: Path) -> None:
+def test_the_saturating_window_is_a_minute_at_a_quarter_speed(azure_every_second: Path) -> None:
     source = default_interactive("saturating")
     assert source.startswith(str(azure_every_second))
     arrivals = plan_arrivals(parse_source(source))
-    assert len(arrivals) == 120  # 1250 <= t < 1370 in the trace
-    assert arrivals[-1].arrival_s == pytest.approx(238.0)  # 119 s at half speed
+    assert len(arrivals) == 60  # 617.5 <= t < 677.5 in the trace: 618 ... 677
+    assert arrivals[-1].arrival_s == pytest.approx(236.0)  # 59 s at a quarter speed
     assert {(r.prompt_tokens, r.output_tokens) for r in arrivals} == {(1024, 32)}  # capped
 
 
-def test_max_requests_cuts_the_recipe_for_a_short_run(azure_every_second: Path) -> None:
-    arrivals = plan_arrivals(parse_source(default_interactive("saturating", 30)))
-    assert len(arrivals) == 30 and arrivals[-1].arrival_s == pytest.approx(58.0)
+def test_short_runs_cut_the_recipe(azure_every_second: Path) -> None:
+    arrivals = plan_arrivals(parse_source(default_interactive("saturating", span_s=60)))
+    assert len(arrivals) == 15 and arrivals[-1].arrival_s == pytest.approx(56.0)  # 618 ... 632
+    by_count = plan_arrivals(parse_source(default_interactive("saturating", 10)))
+    assert len(by_count) == 10 and by_count[-1].arrival_s == pytest.approx(36.0)
     default = plan_arrivals(parse_source(default_interactive("default", 10)))
     assert len(default) == 10  # replaces the recipe's own max_requests=300
-    assert with_max_requests("a=1,max_requests=300", 10) == "a=1,max_requests=10"
-    assert with_max_requests("a=1", None) == "a=1"
+    assert shortened("a=1,max_requests=300", 10) == "a=1,max_requests=10"
+    assert shortened("rate_scale=0.5", span_s=30) == "rate_scale=0.5,window_s=0-15"
+    assert shortened("window_s=5-10,rate_scale=0.5", span_s=30) == "window_s=5-10,rate_scale=0.5"
+    assert shortened("a=1") == "a=1"
     with pytest.raises(ValueError, match="max_requests must be >= 1"):
-        with_max_requests("a=1", 0)
+        shortened("a=1", 0)
+    with pytest.raises(ValueError, match="span_s must be > 0"):
+        shortened("a=1", span_s=0)
 
 
 def test_the_saturating_recipe_sets_its_defaults_and_flags_win() -> None:
@@ -78,8 +84,8 @@ def test_recipe_config_errors() -> None:
         BenchConfig.for_recipe(Path("x"), "saturating", tpot_slo_ms=60.0, tpot_slo_factor=2.0)
     with pytest.raises(ValueError, match="tpot_slo_factor must be > 0"):
         BenchConfig.for_recipe(Path("x"), "saturating", tpot_slo_factor=0.0)
-    with pytest.raises(ValueError, match="--max-requests cuts the recipe's trace"):
-        BenchConfig.for_recipe(Path("x"), "saturating", max_requests=5,
+    with pytest.raises(ValueError, match="--max-requests and --span-s cut the recipe's trace"):
+        BenchConfig.for_recipe(Path("x"), "saturating", span_s=60.0,
                                interactive="synthetic-coding")
     with pytest.raises(ValueError, match="include fcfs"):  # other recipes' ratios are to fcfs
         BenchConfig.for_recipe(Path("x"), "strict", policies=("slice",))
