@@ -295,7 +295,8 @@ def _outcome(bench: _Bench, layout: Layout, results: dict[str, ReplayResult],
     batch = summarize_run(reports[BATCH], INTERACTIVE, BATCH)
     summary.update(lp_tok_s=batch["lp_tok_s"], errors=summary["errors"] + batch["errors"],
                    total_tok_s=summary["total_tok_s"] + batch["total_tok_s"],
-                   servers=[" ".join(s.command) for s in layout.servers])
+                   servers=[shlex.join([*(f"{k}={v}" for k, v in s.env), *s.command])
+                            for s in layout.servers])
     return RunOutcome(layout.name, summary, note=layout.note, result=results[INTERACTIVE],
                       report_path=run_dir / INTERACTIVE / "report.md")
 
