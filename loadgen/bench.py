@@ -277,13 +277,15 @@ def _slicegate_run(bench: _Bench, policy: str, tenants: tuple[TenantSpec, ...],
                    slo_s: float | None, name: str | None = None,
                    extra: tuple[str, ...] = ()) -> RunOutcome:
     config, name = bench.config, name or policy
+    # NOTE: each run its own data dir (Batch API files, tenant store): a server elsewhere on
+    # the machine holds the default one's lock.
     run_dir = config.out / "runs" / name
     port = free_port()
     command = slicegate_command(
         config.serve_cmd, model=config.model, policy=policy,
         tenants=write_tenants_file(run_dir / "tenants.yaml", slo_s, bench.tpot_slo_s), port=port,
         devices=config.devices, dtype=config.dtype, max_model_len=config.max_model_len,
-        extra=(*config.serve_args, *extra))
+        extra=("--data-dir", str(run_dir / "data"), *config.serve_args, *extra))
     spec = ServerSpec(name, command, port, "/health", None, config.ready_timeout_s)
     return _run(bench, spec, tenants, slo_s, ADMIN_KEY, note="")
 

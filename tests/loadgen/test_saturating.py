@@ -91,3 +91,4 @@ def test_a_short_saturating_run_on_slicegate(tmp_path: Path) -> None:
     markdown = (out / "bench.md").read_text()
     assert "## Saturating mix" in markdown and "| slice | " in markdown
     assert "ttft_slo_ms: 500" in (out / "runs" / "slice-alone" / "tenants.yaml").read_text()
+    assert (out / "runs" / "slice" / "data").is_dir()  # its own data dir: no other's lock
