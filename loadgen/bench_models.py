@@ -11,8 +11,9 @@ closed loop, priority low). The same workload runs against each layout:
    (``--devices cpu:0`` / ``cpu:1``), one intra-op thread (``--cpu-threads 1``)
    and, with ``pin``, its process bound to that core (``taskset -c N``).
 3. ``vllm``: two vLLM CPU servers (``loadgen/peers/vllm-cpu.sh``), one per
-   model, sharing the machine; with ``pin`` each binds its OpenMP threads to
-   one core (``VLLM_CPU_OMP_THREADS_BIND=N``).
+   model, sharing the machine; with ``pin`` each is bound to one core
+   (``taskset -c N``) and binds its OpenMP threads to it
+   (``VLLM_CPU_OMP_THREADS_BIND=N``).
 
 Each layout's servers are started fresh and stopped by PID; the two tenants
 are two concurrent replays (one per server where there are two), so each
@@ -163,8 +164,13 @@ def vllm_layout(config: ModelsBenchConfig, folder: Path, ports: tuple[int, int])
         core = core_of(device)
         env = (("VLLM_CPU_OMP_THREADS_BIND", str(core)),) if config.pin and core is not None \
             else ()
-        servers.append(replace(spec, name=f"vllm-{MODEL_NAMES[tenant]}", env=env))
-    notes = [] if config.pin else ["not pinned to cores"]
+        # NOTE: the whole server on its core, as the static split's slicegate servers are (its
+        # API server and engine core too, not only the OpenMP threads).
+        servers.append(replace(spec, name=f"vllm-{MODEL_NAMES[tenant]}", env=env,
+                               command=_pinned(spec.command, core, config.pin)))
+    pinned = config.pin and shutil.which("taskset") is not None
+    notes = [] if pinned else ["not pinned to cores" if not config.pin
+                               else "threads bound, processes not pinned (no taskset)"]
     if (config.dtype, config.max_model_len) != ("bfloat16", 2048):
         notes.append("peer serves bfloat16, max model len 2048 (its script's settings)")
     return Layout("vllm", tuple(servers), {INTERACTIVE: (0, "peer"), BATCH: (1, "peer")}, "",

@@ -71,16 +71,24 @@ def test_the_static_split_is_one_server_per_core(tmp_path: Path,
     assert unpinned.servers[1].command[0] == "python"
 
 
-def test_two_vllm_servers_each_bind_one_core(tmp_path: Path) -> None:
+def test_two_vllm_servers_each_bind_one_core(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bench_models.shutil, "which", lambda name: "/usr/bin/" + name)
     layout = vllm_layout(_config(tmp_path), Path("/m"), (9001, 9002))
     chat, batch = layout.servers
     assert chat.env == (("VLLM_CPU_OMP_THREADS_BIND", "0"),)
     assert batch.env == (("VLLM_CPU_OMP_THREADS_BIND", "1"),)
-    assert chat.command[1].endswith("vllm-cpu.sh") and chat.command[2:4] == ("/m", "9001")
+    assert chat.command[:4] == ("taskset", "-c", "0", "bash")
+    assert batch.command[:3] == ("taskset", "-c", "1") and layout.note == ""
+    assert chat.command[4].endswith("vllm-cpu.sh") and chat.command[5:7] == ("/m", "9001")
     assert chat.command[-2:] == ("--scheduling-policy", "priority")
     assert layout.targets == {"interactive": (0, "peer"), "batch": (1, "peer")}
     unpinned = vllm_layout(_config(tmp_path, pin=False, dtype="float32"), Path("/m"), (1, 2))
     assert unpinned.servers[0].env == () and unpinned.note.startswith("not pinned to cores; ")
+    assert unpinned.servers[0].command[0] == "bash"
+    monkeypatch.setattr(bench_models.shutil, "which", lambda name: None)
+    bare = vllm_layout(_config(tmp_path), Path("/m"), (1, 2))
+    assert bare.servers[0].env and bare.note == "threads bound, processes not pinned (no taskset)"
     assert core_of("cpu:1") == 1 and core_of("cuda:0") is None
 
 
