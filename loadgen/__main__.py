@@ -12,6 +12,7 @@ from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
+from loadgen.bench_models_cli import add_parser as add_bench_models_parser
 from loadgen.bursts import add_parser as add_bursts_parser
 from loadgen.chaos_cli import add_parser as add_chaos_parser
 from loadgen.client import DIALECTS
@@ -49,19 +50,22 @@ def _replay(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from loadgen.bench import BenchConfig, run_bench
 
-    optional = {"interactive": args.interactive,
-                "serve_cmd": tuple(shlex.split(args.serve_cmd)) if args.serve_cmd else None}
-    config = BenchConfig(
+    tpot_ms, tpot_factor = _tpot_slo(args.tpot_slo_ms)
+    config = BenchConfig.for_recipe(
         out=args.out or Path("bench-results") / datetime.now().strftime("%Y%m%d-%H%M%S"),
-        policies=_names(args.policies), peers=_names(args.peers), model=args.model,
+        recipe=args.recipe, interactive=args.interactive,
+        serve_cmd=tuple(shlex.split(args.serve_cmd)) if args.serve_cmd else None,
+        policies=None if args.policies is None else _names(args.policies),
+        peers=_names(args.peers), model=args.model,
         devices=args.devices, dtype=args.dtype, max_model_len=args.max_model_len,
         batch=args.batch, tail_s=args.tail, slo_ms=args.slo_ms,
-        alone_policy=args.alone_policy, slo_factor=args.slo_factor, recipe=args.recipe,
+        alone_policy=args.alone_policy, slo_factor=args.slo_factor,
+        max_requests=args.max_requests, span_s=args.span_s, tpot_slo_ms=tpot_ms,
+        tpot_slo_factor=tpot_factor,
         serve_args=tuple(args.serve_arg), ready_timeout_s=args.ready_timeout,
         no_cache_policies=_no_cache(args.no_cache_runs),
         peer_ready_timeout_s=args.peer_ready_timeout, drain_timeout_s=args.drain_timeout,
-        request_timeout_s=args.request_timeout, warmup_requests=args.warmup,
-        **{k: v for k, v in optional.items() if v is not None})
+        request_timeout_s=args.request_timeout, warmup_requests=args.warmup)
     doc = run_bench(config, "python -m loadgen " + shlex.join(sys.argv[1:]))
     print((config.out / "bench.md").read_text())
     print(f"wrote {config.out}/bench.json, bench.md, plots and runs/", file=sys.stderr)
@@ -94,6 +98,19 @@ def _probe(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tpot_slo(text: str | None) -> tuple[float | None, float | None]:
+    """``--tpot-slo-ms``: ``60`` (ms) or ``2x`` (times the alone run's TPOT p50)."""
+    if text is None:
+        return None, None
+    try:
+        if text.strip().lower().endswith("x"):
+            return None, float(text.strip()[:-1])
+        return float(text), None
+    except ValueError:
+        raise ValueError(f"--tpot-slo-ms: expected milliseconds (60) or a factor of the alone "
+                         f"TPOT (2x), got {text!r}") from None
+
+
 def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(",") if x.strip())
 
@@ -112,6 +129,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
     _replay_parser(sub.add_parser("replay", help="replay tenants' workloads against a server"))
     _bench_parser(sub.add_parser("bench", help="slicegate policies and peers side by side"))
+    add_bench_models_parser(sub.add_parser(
+        "bench-models", help="two models on one machine: one slicegate, a static split, "
+                             "two vLLM servers"))
     _probe_parser(sub.add_parser("probe", help="what the serving path adds to a request"))
     add_chaos_parser(sub.add_parser("chaos", help="overload, faults, dropped streams, "
                                                   "fuzzing and soak, each against its server"))
@@ -158,9 +178,10 @@ def _no_cache(text: str | None) -> tuple[str, ...] | None:
 
 
 def _bench_parser(b: argparse.ArgumentParser) -> None:
-    from loadgen.bench import TRACE_SHAPE
+    from loadgen.recipes import RECIPES, SATURATING_BATCH, TRACE_SHAPE
 
-    b.add_argument("--policies", default="fcfs,priority,static,slice")
+    b.add_argument("--policies", default=None,
+                   help="default: fcfs,priority,static,slice (saturating: slice)")
     b.add_argument("--peers", default="vllm", help="vllm,transformers or none (default: vllm)")
     b.add_argument("--model", default="default", help="slicegate --model; also the peers' folder")
     b.add_argument("--devices", default=None)
@@ -169,25 +190,38 @@ def _bench_parser(b: argparse.ArgumentParser) -> None:
     b.add_argument("--interactive", default=None,
                    help="interactive tenant SOURCE (default: the Azure code trace from "
                         "$SLICEGATE_TRACES, see docs/traces.md, with " + TRACE_SHAPE + ")")
-    b.add_argument("--recipe", choices=("default", "strict", "mooncake"), default="default",
+    b.add_argument("--recipe", choices=tuple(RECIPES), default="default",
                    help="the interactive trace's shape when --interactive is not given: "
                         "default (first 300 requests, bursty) or strict (a steadier window "
                         "at 0.5x, tight SLO), as in `python -m benchmarks.scheduler policies`; "
                         "mooncake: a window of the Mooncake conversation trace, its prompts "
-                        "sharing blocks as its hash_ids say (adds a slice-no-cache run)")
+                        "sharing blocks as its hash_ids say (adds a slice-no-cache run); "
+                        "saturating: issue 41's mix, 279 requests in 240 s beside a batch "
+                        f"tenant {SATURATING_BATCH}, slice against vLLM, SLO 500 ms, "
+                        "the stream alone under slice first (its TPOT alone)")
+    b.add_argument("--max-requests", type=int, default=None,
+                   help="cut the recipe's trace to its first N requests (a short run)")
+    b.add_argument("--span-s", type=float, default=None,
+                   help="cut the recipe's trace to its first S seconds of replay (a short run)")
+    b.add_argument("--tpot-slo-ms", default=None,
+                   help="write the interactive tenant's tpot_slo_ms: MS, or Nx (N x its TPOT "
+                        "p50 alone); default: not written")
     b.add_argument("--no-cache-runs", default=None,
                    help="policies run once more with --no-prefix-cache, or none (default: "
                         "slice under --recipe mooncake, else none)")
-    b.add_argument("--batch", default="concurrency=16,prompt=512,gen=64",
+    b.add_argument("--batch", default=None,
                    help="batch tenant SOURCE, or none: the interactive tenant alone in "
-                        "every run (default: %(default)s)")
+                        "every run (default: concurrency=16,prompt=512,gen=64; saturating: "
+                        f"{SATURATING_BATCH})")
     b.add_argument("--tail", type=float, default=2.0,
                    help="mixed runs send for the interactive trace's span + this many seconds")
     b.add_argument("--slo-ms", type=float, default=None,
-                   help="interactive TTFT SLO (default: measured: p90 TTFT alone, see below)")
-    b.add_argument("--alone-policy", default="static",
+                   help="interactive TTFT SLO (default: measured: p90 TTFT alone, see below; "
+                        "saturating: 500)")
+    b.add_argument("--alone-policy", default=None,
                    help="policy of the interactive-alone run that sets the SLO (default: "
-                        "%(default)s; slice: the floor mixed runs are compared with)")
+                        "static, saturating: slice; slice: the floor mixed runs are "
+                        "compared with)")
     b.add_argument("--slo-factor", type=float, default=1.0,
                    help="SLO = this x the alone run's p90 TTFT (default: %(default)s)")
     b.add_argument("--serve-cmd", default=None,

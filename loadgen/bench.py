@@ -37,9 +37,10 @@ from loadgen.benchtable import (
 )
 from loadgen.plots import write_plots
 from loadgen.prompts import PromptBuilder, resolve_model_folder
-from loadgen.public_traces import AZURE_CODE, MOONCAKE_CONVERSATION, require_trace
+from loadgen.recipes import RECIPES, default_interactive, recipe_defaults
 from loadgen.replay import PromptFn, ReplayConfig, replay
 from loadgen.report import slo_attainment, write_report
+from loadgen.saturating import PEER, saturating_lines, saturating_summary
 from loadgen.servers import (
     PEERS_DIR,
     RunningServer,
@@ -53,32 +54,10 @@ from loadgen.servers import (
 from loadgen.traces import TraceRequest
 from loadgen.workload import TenantSpec, parse_source, plan_arrivals
 
-# NOTE: the recipes of `python -m benchmarks.scheduler policies`
-# (benchmarks/scheduler/policies.py), so the two benches' tables can be read side by side:
-# "default", the first 300 requests (bursty); "strict", a steadier window at a lower rate, whose
-# SLO is tight.
-TRACE_SHAPE = ("max_requests=300,rate_scale=0.8,prompt_scale=0.0625,max_prompt_tokens=1024,"
-               "max_output_tokens=32")
-RECIPES = {"default": TRACE_SHAPE,
-           "strict": ("window_s=273.4-100000,max_requests=200,rate_scale=0.5,"
-                      "prompt_scale=0.0625,max_prompt_tokens=1024,max_output_tokens=32"),
-           # NOTE: the Mooncake conversation trace (hash_ids: shared prompt blocks), prompts
-           # at 1/16 (its 512-token blocks become 32 tokens, two KV blocks of 16)
-           "mooncake": ("window_s=600-100000,max_requests=90,rate_scale=0.5,"
-                        "prompt_scale=0.0625,max_prompt_tokens=1024,max_output_tokens=32")}
-RECIPE_TRACES = {"mooncake": MOONCAKE_CONVERSATION}  # else the Azure code trace
 NO_CACHE = "-no-cache"  # suffix of a run served with --no-prefix-cache
 INTERACTIVE, BATCH = "interactive", "batch"
 KEYS = {INTERACTIVE: "sk-bench-interactive", BATCH: "sk-bench-batch"}
 ADMIN_KEY = "sk-bench-admin"
-
-
-def default_interactive(recipe: str = "default") -> str:
-    """The Azure code trace shaped by a recipe; MissingTrace (with what to do) without a copy."""
-    trace = require_trace(RECIPE_TRACES.get(recipe, AZURE_CODE), "python -m loadgen bench",
-                          instead=f"give the interactive tenant yourself, e.g. --interactive "
-                                  f"synthetic-coding,{TRACE_SHAPE} (the shipped synthetic trace)")
-    return f"{trace},{RECIPES[recipe]}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,11 +73,17 @@ class BenchConfig:
     max_model_len: int = 2048  # the vLLM peer script serves 2048
     interactive: str | None = None  # a tenant SOURCE; None: default_interactive(recipe)
     recipe: str = "default"  # the interactive trace's shape when `interactive` is None
+    max_requests: int | None = None  # the recipe's trace cut to its first N (short runs)
+    span_s: float | None = None  # the recipe's trace cut to its first S seconds of replay
     batch: str = "concurrency=16,prompt=512,gen=64"  # a tenant SOURCE; "none": interactive alone
     tail_s: float = 2.0  # mixed runs send batch work until the last interactive arrival + this
     slo_ms: float | None = None  # None: measured by the alone run
     alone_policy: str = "static"  # the policy of the alone run that sets the SLO
     slo_factor: float = 1.0  # SLO = this x the alone run's interactive p90 TTFT
+    # the interactive tenant's tenants-file `tpot_slo_ms`, fixed or this x its TPOT p50 alone;
+    # both None: the field is not written (a server that predates it refuses it)
+    tpot_slo_ms: float | None = None
+    tpot_slo_factor: float | None = None
     serve_cmd: tuple[str, ...] = field(default_factory=default_serve_cmd)
     serve_args: tuple[str, ...] = ()  # extra flags for every slicegate run
     peers_dir: Path = PEERS_DIR
@@ -116,12 +101,37 @@ class BenchConfig:
         for peer in self.peers:
             if peer not in ("vllm", "transformers"):
                 raise ValueError(f"unknown peer {peer!r} (known: vllm, transformers)")
-        if "fcfs" not in self.policies and self.batch.strip() != "none":
+        if self.recipe not in RECIPES:
+            raise ValueError(f"unknown recipe {self.recipe!r} (known: {', '.join(RECIPES)})")
+        ratios_to = recipe_defaults(self.recipe).ratios_to
+        if ratios_to == "fcfs" and "fcfs" not in self.policies and self.batch.strip() != "none":
             raise ValueError("the table's ratios are to fcfs: include fcfs in --policies")
         if self.slo_factor <= 0:
             raise ValueError("--slo-factor must be > 0")
-        if self.recipe not in RECIPES:
-            raise ValueError(f"unknown recipe {self.recipe!r} (known: {', '.join(RECIPES)})")
+        if self.tpot_slo_ms is not None and self.tpot_slo_factor is not None:
+            raise ValueError("give a TPOT SLO in ms or as a factor of the alone TPOT, not both")
+        for name in ("tpot_slo_ms", "tpot_slo_factor", "max_requests", "span_s"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be > 0, got {value}")
+        if (self.max_requests, self.span_s) != (None, None) and self.interactive is not None:
+            raise ValueError("--max-requests and --span-s cut the recipe's trace; with "
+                             "--interactive give max_requests= or window_s= in its SOURCE")
+
+    @classmethod
+    def for_recipe(cls, out: Path, recipe: str = "default", **given: Any) -> BenchConfig:
+        """A bench of ``recipe``: the recipe's defaults where ``given`` has no value (None)."""
+        preset = recipe_defaults(recipe)
+        chosen: dict[str, Any] = {"policies": preset.policies, "batch": preset.batch,
+                                  "slo_ms": preset.slo_ms, "alone_policy": preset.alone_policy}
+        chosen.update({k: v for k, v in given.items() if v is not None})
+        return cls(out=out, recipe=recipe, **{k: v for k, v in chosen.items() if v is not None})
+
+    @property
+    def needs_alone_run(self) -> bool:
+        """Whether the interactive tenant runs alone first (for its SLO or its TPOT alone)."""
+        return (self.slo_ms is None or self.tpot_slo_factor is not None
+                or recipe_defaults(self.recipe).always_alone)
 
     @property
     def alone_run(self) -> str:
@@ -145,6 +155,7 @@ class _Bench:
     duration_s: float
     outcomes: dict[str, RunOutcome] = field(default_factory=dict)
     interrupted: bool = False
+    tpot_slo_s: float | None = None  # the interactive tenant's, once known
 
     def tenants(self) -> tuple[TenantSpec, ...]:
         """The tenants of every run after the alone one."""
@@ -160,7 +171,8 @@ def run_bench(config: BenchConfig, command: str = "") -> dict[str, Any]:
     """
     started_at = _now()
     if config.interactive is None:
-        config = replace(config, interactive=default_interactive(config.recipe))
+        config = replace(config, max_requests=None, span_s=None, interactive=default_interactive(
+            config.recipe, config.max_requests, config.span_s))
     assert config.interactive is not None
     config.out.mkdir(parents=True, exist_ok=True)
     folder = resolve_model_folder(config.model)
@@ -170,7 +182,8 @@ def run_bench(config: BenchConfig, command: str = "") -> dict[str, Any]:
         BATCH, KEYS[BATCH], parse_source(config.batch), priority=2)
     arrivals = plan_arrivals(interactive.source)
     bench = _Bench(config, _cached_prompts(folder), folder, interactive, batch,
-                   duration_s=arrivals[-1].arrival_s + config.tail_s)
+                   duration_s=arrivals[-1].arrival_s + config.tail_s,
+                   tpot_slo_s=None if config.tpot_slo_ms is None else config.tpot_slo_ms / 1000)
     slo_s, slo_source, alone_p90 = None, "not measured: interrupted", None
     try:
         slo_s, slo_source, alone_p90 = _measure_slo(bench)
@@ -207,13 +220,24 @@ def _cached_prompts(folder: Path) -> PromptFn:
 
 
 def _measure_slo(bench: _Bench) -> tuple[float | None, str, float | None]:
-    """(SLO, where it came from, the alone run's interactive p90 TTFT)."""
+    """(SLO, where it came from, the alone run's interactive p90 TTFT); the alone run also
+    sets a TPOT SLO given as a factor."""
     config = bench.config
-    if config.slo_ms is not None:
-        return config.slo_ms / 1000, "given (--slo-ms)", None
-    outcome = _slicegate_run(bench, config.alone_policy, (bench.interactive,), None,
+    fixed_s = None if config.slo_ms is None else config.slo_ms / 1000
+    source = ("given (--slo-ms)" if config.slo_ms != recipe_defaults(config.recipe).slo_ms
+              else f"the {config.recipe} recipe's")
+    if not config.needs_alone_run:
+        return fixed_s, source, None
+    outcome = _slicegate_run(bench, config.alone_policy, (bench.interactive,), fixed_s,
                              name=config.alone_run)
     p90 = outcome.summary.get("hp_ttft_p90_s") if outcome.ok else None
+    tpot = outcome.summary.get("hp_tpot_p50_s") if outcome.ok else None
+    if config.tpot_slo_factor is not None and tpot is not None:
+        bench.tpot_slo_s = config.tpot_slo_factor * tpot
+    if fixed_s is not None:
+        if p90 is not None:
+            _judge_alone(outcome, fixed_s)
+        return fixed_s, source, p90
     if p90 is None:
         return None, f"not measured: {config.alone_run} failed ({outcome.reason})", None
     factor = "" if config.slo_factor == 1 else f"{config.slo_factor:g} x "
@@ -229,14 +253,21 @@ def _judge_alone(outcome: RunOutcome, slo_s: float) -> None:
         outcome.summary["hp_slo_attainment"] = slo_attainment(records, slo_s)[0]
 
 
-def write_tenants_file(path: Path, slo_s: float | None) -> Path:
-    """The slicegate tenants YAML: interactive (high, with the SLO), batch (low), an admin key."""
+def write_tenants_file(path: Path, slo_s: float | None, tpot_slo_s: float | None = None,
+                       models: dict[str, str] | None = None) -> Path:
+    """The slicegate tenants YAML: interactive (high, with the SLOs), batch (low), an admin
+    key; ``models`` gives tenants their ``default_model`` (tenant name -> model name)."""
     interactive: dict[str, Any] = {"name": INTERACTIVE, "api_keys": [KEYS[INTERACTIVE]],
                                    "priority": "high"}
     if slo_s is not None:
         interactive["ttft_slo_ms"] = max(1, round(slo_s * 1000))
-    doc = {"admin_keys": [ADMIN_KEY], "tenants": [
-        interactive, {"name": BATCH, "api_keys": [KEYS[BATCH]], "priority": "low"}]}
+    if tpot_slo_s is not None:
+        interactive["tpot_slo_ms"] = max(1, round(tpot_slo_s * 1000))
+    batch: dict[str, Any] = {"name": BATCH, "api_keys": [KEYS[BATCH]], "priority": "low"}
+    for tenant in (interactive, batch):
+        if models and tenant["name"] in models:
+            tenant["default_model"] = models[tenant["name"]]
+    doc = {"admin_keys": [ADMIN_KEY], "tenants": [interactive, batch]}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
@@ -246,13 +277,15 @@ def _slicegate_run(bench: _Bench, policy: str, tenants: tuple[TenantSpec, ...],
                    slo_s: float | None, name: str | None = None,
                    extra: tuple[str, ...] = ()) -> RunOutcome:
     config, name = bench.config, name or policy
+    # NOTE: each run its own data dir (Batch API files, tenant store): a server elsewhere on
+    # the machine holds the default one's lock.
     run_dir = config.out / "runs" / name
     port = free_port()
     command = slicegate_command(
         config.serve_cmd, model=config.model, policy=policy,
-        tenants=write_tenants_file(run_dir / "tenants.yaml", slo_s), port=port,
+        tenants=write_tenants_file(run_dir / "tenants.yaml", slo_s, bench.tpot_slo_s), port=port,
         devices=config.devices, dtype=config.dtype, max_model_len=config.max_model_len,
-        extra=(*config.serve_args, *extra))
+        extra=("--data-dir", str(run_dir / "data"), *config.serve_args, *extra))
     spec = ServerSpec(name, command, port, "/health", None, config.ready_timeout_s)
     return _run(bench, spec, tenants, slo_s, ADMIN_KEY, note="")
 
@@ -323,12 +356,19 @@ def _write(bench: _Bench, slo_s: float | None, slo_source: str, alone_p90: float
         "slo_source": slo_source,
         "alone_run": config.alone_run,
         "alone_hp_ttft_p90_s": alone_p90,
+        "tpot_slo_s": bench.tpot_slo_s,
         "interrupted": bench.interrupted,
         "runs": {name: o.to_json() for name, o in bench.outcomes.items()},
     }
-    (config.out / "bench.json").write_text(json.dumps(doc, indent=2) + "\n")
     runs = [*config.policies, *(p + NO_CACHE for p in config.no_cache_runs)]
-    markdown = format_bench_markdown(doc, bench.outcomes, runs, config.peers)
+    section: list[str] = []
+    if recipe_defaults(config.recipe).ratios_to == PEER:
+        saturating = saturating_summary(
+            bench.outcomes, [config.alone_run, *runs, *config.peers], config.alone_run)
+        doc["saturating"] = saturating
+        section = saturating_lines(saturating, slo_s)
+    (config.out / "bench.json").write_text(json.dumps(doc, indent=2) + "\n")
+    markdown = format_bench_markdown(doc, bench.outcomes, runs, config.peers, section)
     (config.out / "bench.md").write_text(markdown)
     write_bench_plots(bench.outcomes, config.out, slo_s, INTERACTIVE)
     return doc

@@ -183,8 +183,10 @@ def _at_most_vllm(s: Mapping[str, Any], base: Mapping[str, Any] | None) -> str:
 
 
 def format_bench_markdown(doc: Mapping[str, Any], outcomes: Mapping[str, RunOutcome],
-                          policies: Sequence[str], peers: Sequence[str]) -> str:
-    """The bench report: setup, the headline table, the goals, and links to each run."""
+                          policies: Sequence[str], peers: Sequence[str],
+                          section: Sequence[str] = ()) -> str:
+    """The bench report: setup, the headline table, a recipe's own ``section`` (markdown
+    lines), the goals, and links to each run."""
     slo, alone_p90 = doc["slo_s"], doc.get("alone_hp_ttft_p90_s")
     requested = [*policies, *peers]
     alone = [doc["alone_run"]] if doc.get("alone_run") in outcomes else []
@@ -201,10 +203,13 @@ def format_bench_markdown(doc: Mapping[str, Any], outcomes: Mapping[str, RunOutc
         f"devices {doc['config']['devices'] or 'server default'}.",
         f"Interactive: {doc['config']['interactive']} ({doc['interactive_requests']} requests); "
         f"batch: {doc['config']['batch']}; mixed runs send for {doc['mixed_duration_s']:.1f} s.",
-        f"Interactive TTFT SLO: {_fmt(slo, '.0f', 1000)} ms ({doc['slo_source']}).", "",
+        f"Interactive TTFT SLO: {_fmt(slo, '.0f', 1000)} ms ({doc['slo_source']})."
+        + (f" Interactive TPOT SLO (tenants file): {_fmt(tpot, '.0f', 1000)} ms."
+           if (tpot := doc.get("tpot_slo_s")) else ""), "",
         *table, "",
         "## Interactive latency", "",
         *latency_table(outcomes, list(dict.fromkeys([*alone, *requested]))), "",
+        *section,
         "## Goals", "", *goal_lines(outcomes, doc.get("alone_run"), alone_p90), "",
         *prefix_section(outcomes, list(dict.fromkeys([*alone, *requested, "vllm"]))),
         "## Runs", "",

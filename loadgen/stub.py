@@ -190,7 +190,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--served-model-name", default="stub")
     p.add_argument("--step-ms", type=float, default=5.0)
     p.add_argument("--prefill-us-per-token", type=float, default=0.0)
-    for ignored in ("--model", "--policy", "--devices", "--dtype", "--max-model-len"):
+    for ignored in ("--model", "--policy", "--devices", "--dtype", "--max-model-len",
+                    "--cpu-threads", "--data-dir"):
         p.add_argument(ignored, default=None, help="accepted and ignored")
     args = p.parse_args(argv)
     knobs: dict[str, Any] = {"model": args.served_model_name, "step_s": args.step_ms / 1000,
