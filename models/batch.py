@@ -26,7 +26,7 @@ class BatchShape:
 
     num_tokens: int  # new tokens fed through the model (T)
     num_seqs: int
-    num_sampled: int  # sequences whose next token the head samples
+    num_sampled: int  # rows the head scores: one per sampling sequence, k + 1 per verify
     attn_work: int  # sum over seqs of new_tokens * context_tokens
     num_context_tokens: int  # sum of context lengths (KV read)
 
@@ -75,6 +75,14 @@ class SeqSpec:
     # a request that asks for `sampling.prompt_logprobs` feeds its prompt (at most one per row)
     prompt_targets: list[int] | None = None
     adapter: str | None = None  # the LoRA adapter its rows run with; None = the base model
+    # speculative decoding: its last `num_draft` fed tokens are drafted, not known; the head
+    # scores its last num_draft + 1 rows and emits 1..num_draft + 1 tokens (`models.speculative`)
+    num_draft: int = 0
+
+    @property
+    def num_scored(self) -> int:
+        """Rows of it the head scores: its last num_draft + 1 when it samples, else none."""
+        return self.num_draft + 1 if self.sample else 0
 
     @property
     def num_context_tokens(self) -> int:
@@ -85,7 +93,7 @@ def shape_of(seqs: list[SeqSpec]) -> BatchShape:
     return BatchShape(
         num_tokens=sum(len(s.token_ids) for s in seqs),
         num_seqs=len(seqs),
-        num_sampled=sum(s.sample for s in seqs),
+        num_sampled=sum(s.num_scored for s in seqs),
         attn_work=sum(len(s.token_ids) * s.num_context_tokens for s in seqs),
         num_context_tokens=sum(s.num_context_tokens for s in seqs),
     )
@@ -122,7 +130,8 @@ class Batch:
     slot_mapping: torch.Tensor  # [T] long, where each new token's K/V is written
     prefills: list[PrefillSeq]
     decode: DecodeGroup | None
-    sample_rows: torch.Tensor  # [S] rows whose hidden state the head samples from
+    sample_rows: torch.Tensor  # [S] rows whose hidden state the head samples from (a
+    # drafted sequence has num_draft + 1 of them, in order)
     wants_logprobs: bool = False  # a sequence asks for log-probs (`models.logprobs`)
     has_adapters: bool = False  # a sequence runs with a LoRA adapter
     lora: LoraRows | None = None  # its adapter rows, resolved by the first layer op run on it
@@ -130,6 +139,11 @@ class Batch:
     @property
     def sampled_seqs(self) -> list[SeqSpec]:
         return [s for s in self.seqs if s.sample]
+
+    @property
+    def has_drafts(self) -> bool:
+        """A sequence verifies drafted tokens (the head returns a `HeadOutput` with runs)."""
+        return any(s.num_draft for s in self.seqs if s.sample)
 
 
 def _slots(block_table: list[int], start: int, end: int, block_size: int) -> list[int]:
@@ -139,6 +153,9 @@ def _slots(block_table: list[int], start: int, end: int, block_size: int) -> lis
 def _check(seq: SeqSpec, block_size: int) -> None:
     if not seq.token_ids:
         raise ValueError(f"{seq.request_id}: a sequence must feed at least one token")
+    if not 0 <= seq.num_draft < len(seq.token_ids) or (seq.num_draft and not seq.sample):
+        raise ValueError(f"{seq.request_id}: {seq.num_draft} drafted tokens of "
+                         f"{len(seq.token_ids)} fed, sample={seq.sample}")
     if len(seq.block_table) * block_size < seq.num_context_tokens:
         raise ValueError(f"{seq.request_id}: block table holds "
                          f"{len(seq.block_table) * block_size} tokens, needs "
@@ -191,7 +208,7 @@ def build_batch(seqs: list[SeqSpec], block_size: int, device: torch.device) -> B
         else:
             prefills.append(_prefill(s, slice(row0, len(ids)), block_size, device))
         if s.sample:
-            sample_rows.append(len(ids) - 1)
+            sample_rows.extend(range(len(ids) - 1 - s.num_draft, len(ids)))
     decode = _decode_group(decode_seqs, decode_rows, block_size, device) if decode_seqs else None
     return Batch(
         seqs=seqs, shape=shape_of(seqs),

@@ -12,6 +12,7 @@ from executors.types import Priority
 from models.grammar import Constraint
 from models.logprobs import TokenLogprobs
 from models.sampling_params import SamplingParams
+from scheduler.spec.config import SpecConfig
 
 NO_DEVICE = "no device is available"  # starts the error of requests ended by it (HTTP 503)
 ROUND_BUCKETS_S = (1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5)
@@ -110,6 +111,7 @@ class Request:
     constraint: Constraint | None = field(default=None, compare=False)
     trace: bool = False  # record its plans: its last event carries a `RequestTrace`
     adapter: str | None = None  # the LoRA adapter it runs with (models/lora.py); None = base
+    speculative: SpecConfig | None = None  # prompt-lookup drafting (scheduler/spec/); None = off
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

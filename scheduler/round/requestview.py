@@ -30,6 +30,10 @@ class RequestView:
     cached: tuple[tuple[str, int, int], ...] = ()
     kv_shared: tuple[tuple[str, int], ...] = ()  # (device, blocks others hold too) if admitted
     scores_prompt: bool = False  # asks for prompt log-probs: its prefill chunks run the head
+    # speculative decoding (scheduler/spec/): the tokens prompt lookup proposes after its
+    # last one (empty when it does not speculate), and its acceptance rate so far
+    draft: tuple[int, ...] = ()
+    accept_rate: float = 0.0
 
     @property
     def ttft_deadline(self) -> float | None:
