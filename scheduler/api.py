@@ -12,7 +12,7 @@ from executors.types import Priority
 from models.grammar import Constraint
 from models.logprobs import TokenLogprobs
 from models.sampling_params import SamplingParams
-from scheduler.spec.config import SpecConfig
+from models.spec_config import SpecConfig
 
 NO_DEVICE = "no device is available"  # starts the error of requests ended by it (HTTP 503)
 ROUND_BUCKETS_S = (1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from models.sampling_params import SamplingParams
+from models.spec_config import SpecConfig
 from scheduler.spec.choice import Acceptance
-from scheduler.spec.config import SpecConfig
 from scheduler.spec.ngram import propose
 
 

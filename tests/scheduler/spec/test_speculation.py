@@ -9,17 +9,17 @@ import pytest
 
 import models
 from executors.types import Device, Priority
-from models.generate import generate
 from models.batch import BatchShape
+from models.generate import generate
 from models.kv_cache import blocks_for
 from models.prefix_cache import CachingAllocator, block_keys
 from models.sampling_params import SamplingParams
+from models.spec_config import SpecConfig
 from scheduler.api import FinishReason, Request
 from scheduler.config import SchedulerConfig
 from scheduler.core.state import RequestState
 from scheduler.round.plan import OpTime
 from scheduler.scheduler import Scheduler
-from scheduler.spec.config import SpecConfig
 from tests.scheduler.conftest import linear_time, xfer_time
 
 SPEC = SpecConfig(num_speculative_tokens=4, prompt_lookup_max=3, prompt_lookup_min=1)
