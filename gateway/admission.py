@@ -25,6 +25,7 @@ from gateway.protocol import GenerationOptions
 from gateway.quotas import Quotas
 from gateway.responses import ResponseFormat
 from gateway.served import Target, resolve_model
+from gateway.speculation import resolve as resolve_speculative
 from gateway.structured import constraint_for
 from gateway.tenancy.ledger import BudgetLedger
 from gateway.tenants import Tenant
@@ -136,6 +137,8 @@ def _admit(admission: Admission, tenant: Tenant, priority: Priority,
                          int(time.time()), target.model, options.include_usage,
                          pieces, tool_output(tools, engine.tool_format))
     generations: list[Generation] = []
+    speculative = resolve_speculative(options.speculative, tenant.speculative_config,
+                                      engine.speculative)
     for p, ids in enumerate(prompts):
         sampling = _sampling(options, max_tokens[p], engine)
         echo = _echo(engine, ids) if options.echo else None
@@ -150,7 +153,8 @@ def _admit(admission: Admission, tenant: Tenant, priority: Priority,
                 cache_salt=prefix_cache_salt(tenant, options.cache_salt),
                 constraint=None if options.structured is None
                 else constraint_for(engine.grammars, options.structured),
-                trace=admission.tracer is not None, adapter=target.adapter),
+                trace=admission.tracer is not None, adapter=target.adapter,
+                speculative=speculative),
                 engine, options.stop, echo, leader)
             generations.append(generation)
             if j == 0 and _share_prefill(options, engine):

@@ -33,6 +33,7 @@ import yaml
 from gateway.adapters import ADAPTER_NAME, NAME_RULE
 from gateway.fim import parse_fim_setting
 from gateway.logs import LOG_FORMATS, LOG_LEVELS
+from gateway.speculation import parse_setting
 from gateway.tenants import TenantsConfig, load_tenants
 from gateway.tools.formats import parse_tool_parser_setting
 from gateway.transport import CorsSettings, TlsSettings, TransportError
@@ -153,9 +154,17 @@ class ModelSettings:
     # LoRA adapters loaded at start-up: name -> PEFT folder (or a list of "NAME=PATH")
     lora: Any = field(default_factory=dict)
     lora_reserve_gib: float = 0.0  # kept on each device for adapters loaded at run time
+    # prompt-lookup speculative decoding (docs/speculation.md): vLLM's --speculative-config,
+    # a JSON string or mapping, parsed to a `SpecConfig`; None = off
+    speculative_config: Any = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lora", parse_lora(self.lora))
+        try:
+            object.__setattr__(self, "speculative_config",
+                               parse_setting(self.speculative_config))
+        except ValueError as exc:
+            raise ConfigError(f"model.speculative_config: {exc}") from None
         _require(_is_number(self.lora_reserve_gib) and self.lora_reserve_gib >= 0,
                  "model.lora_reserve_gib", "a non-negative number")
         try:

@@ -23,6 +23,7 @@ from gateway.sampling_defaults import SamplingDefaults, load_sampling_defaults
 from gateway.tools.formats import DEFAULT_FORMAT, KNOWN_FORMATS, CallFormat, resolve_format
 from models.grammar import Grammars
 from models.loader import load
+from models.spec_config import SpecConfig
 from models.warmup import warm_rows
 from scheduler.api import SchedulerAPI
 from scheduler.config import SchedulerConfig
@@ -59,6 +60,7 @@ class Engine:
     created: int = field(default_factory=lambda: int(time.time()))  # unix s, for /v1/models
     adapters: Adapters = field(default_factory=Adapters)  # LoRA adapters, by name (mutable)
     root: str = ""  # where the weights came from (/v1/models `root`, as vLLM's)
+    speculative: SpecConfig | None = None  # the server's prompt-lookup drafting; None = off
 
     def __post_init__(self) -> None:
         if self.max_model_len < 2:
@@ -134,6 +136,7 @@ def engine_for_model(model: Model, scheduler: SchedulerAPI, config: GatewayConfi
         prefix_caching=config.scheduler.prefix_cache,
         adapters=adapters or Adapters(reserved=base_names(model, config)),
         root=str(model.path),
+        speculative=config.model.speculative_config,
     )
 
 
