@@ -184,6 +184,12 @@ class SchedulerStats:
     device_up: dict[str, bool] = field(default_factory=dict)  # device -> its executor is up
     device_detail: dict[str, dict[str, Any]] = field(default_factory=dict)  # device -> state,
     # times lost, last error (remote devices)
+    # speculative decoding, cumulative (scheduler/spec/): verify steps, tokens drafted in
+    # them, drafted tokens accepted, and accepted ones per draft position (0 first)
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_pos: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

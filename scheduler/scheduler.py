@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -635,7 +636,11 @@ class Scheduler(Components):
 
     def stats(self) -> SchedulerStats:
         self._book()
-        return collect(self)
+        c = self.spec_counters
+        return dataclasses.replace(collect(self), spec_num_drafts=c.num_drafts,
+                                   spec_num_draft_tokens=c.num_draft_tokens,
+                                   spec_num_accepted_tokens=c.num_accepted_tokens,
+                                   spec_accepted_per_pos=tuple(c.accepted_per_pos))
 
 
 def _finish_reason(s: RequestState, token: int) -> FinishReason | None:
