@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 
 import pytest
@@ -137,3 +138,37 @@ async def test_a_stop_token_inside_an_accepted_run_ends_the_request_there(
         assert tokens == expected
     finally:
         await sched.stop()
+
+
+async def test_sampled_requests_verify_drafts_and_repeat_with_a_seed(
+        tiny_model: models.Model) -> None:
+    seeded = SamplingParams(temperature=0.3, top_k=5, seed=11, max_tokens=24)
+    sched = _scheduler(tiny_model)
+    await sched.start()
+    try:
+        prompt = _prompts(3)[1]
+        first, _ = await _run(sched, "a", prompt, seeded, SPEC)
+        again, _ = await _run(sched, "b", prompt, seeded, SPEC)
+    finally:
+        await sched.stop()
+    assert first == again and len(first) == 24
+    assert sched.spec_counters.num_drafts > 0
+
+
+@pytest.mark.parametrize("sampling", [
+    SamplingParams(temperature=0, max_tokens=16, logprobs=2),
+    SamplingParams(temperature=0, max_tokens=16, frequency_penalty=0.5),
+    SamplingParams(temperature=0, max_tokens=16, logit_bias=((5, 1.0),)),
+    SamplingParams(temperature=0, max_tokens=16, min_tokens=16, stop_token_ids=(1,)),
+])
+async def test_requests_the_verify_path_cannot_honour_decode_without_drafts(
+        tiny_model: models.Model, sampling: SamplingParams) -> None:
+    sched = _scheduler(tiny_model)
+    await sched.start()
+    try:
+        tokens, _ = await _run(sched, "r", _prompts(3)[1], sampling, SPEC)
+    finally:
+        await sched.stop()
+    plain = dataclasses.replace(sampling, logprobs=None)  # `generate` returns no log-probs
+    assert tokens == generate(tiny_model, _prompts(3)[1], plain).token_ids
+    assert sched.spec_counters.num_drafts == 0
