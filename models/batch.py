@@ -3,7 +3,8 @@
 Tokens of all sequences are flattened into one row dimension T. Sequences
 feeding more than one token (prefill, or a prefill chunk on top of existing
 KV) run attention one by one; sequences feeding one token (decode) run
-attention together over their context gathered from the paged cache.
+attention together over their context gathered from the paged cache. A verify
+step (one known token and drafts, `SeqSpec.num_draft`) runs as decode rows.
 """
 
 from __future__ import annotations
@@ -162,6 +163,12 @@ def _check(seq: SeqSpec, block_size: int) -> None:
                          f"{seq.num_context_tokens}")
 
 
+def _row(seq: SeqSpec, i: int) -> SeqSpec:
+    """Token i of a verify step as a decode row: its context ends at that token."""
+    return SeqSpec(seq.request_id, seq.token_ids[i:i + 1], seq.num_past_tokens + i,
+                   seq.block_table)
+
+
 def _prefill(seq: SeqSpec, rows: slice, block_size: int, device: torch.device) -> PrefillSeq:
     n, past = len(seq.token_ids), seq.num_past_tokens
     nb = blocks_for(n + past, block_size)
@@ -205,6 +212,13 @@ def build_batch(seqs: list[SeqSpec], block_size: int, device: torch.device) -> B
         if len(s.token_ids) == 1:
             decode_seqs.append(s)
             decode_rows.append(row0)
+        elif s.num_draft:
+            # NOTE: a verify step runs as num_draft + 1 decode rows of one sequence, row i over
+            # the context up to its own token (each layer writes every row's K/V before its
+            # attention): the kernels and numerics of plain decode steps, so greedy output is
+            # token for token the same, bf16 included, and the native decode layer runs it
+            decode_seqs += [_row(s, i) for i in range(len(s.token_ids))]
+            decode_rows += range(row0, row0 + len(s.token_ids))
         else:
             prefills.append(_prefill(s, slice(row0, len(ids)), block_size, device))
         if s.sample:
