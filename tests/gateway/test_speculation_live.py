@@ -25,6 +25,7 @@ EDIT = f"Return this code with `text` renamed to `source`.\n\n```python\n{CODE}`
 @pytest.fixture(scope="module")
 def live() -> Iterator[LiveServer]:
     config = load_config(None, {"model.spec": "default", "scheduler.devices": "cpu:0",
+                                "model.dtype": "float32",
                                 "model.speculative_config": SPEC})
     engine: Engine = build_engine(config)
     with live_server(auth_config(), engine) as server:
