@@ -36,6 +36,7 @@ _OVERRIDES = {
     "dtype": "model.dtype", "max_model_len": "model.max_model_len",
     "generation_config": "model.generation_config", "fim": "model.fim",
     "tool_parser": "model.tool_parser", "lora_reserve_gib": "model.lora_reserve_gib",
+    "speculative_config": "model.speculative_config",
     "devices": "scheduler.devices", "device_memory_gib": "scheduler.device_memory_gib",
     "cpu_threads": "scheduler.cpu_threads",
     "policy": "scheduler.policy", "kv_cache_gib": "scheduler.kv_cache_gib",
@@ -88,6 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--lora-reserve-gib", type=float,
                    help="memory kept on each device for adapters loaded at run time "
                         "(POST /v1/load_lora_adapter); default 0")
+    s.add_argument("--speculative-config", metavar="JSON",
+                   help="prompt-lookup speculative decoding, vLLM's flag: '{\"method\": "
+                        "\"ngram\", \"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4}'"
+                        " (docs/speculation.md)")
     s.add_argument("--devices", help="e.g. cuda:0,cuda:1 (default: every GPU, else cpu:0,cpu:1);"
                                      " with --ray-address NODE/cpu:0,NODE/cuda:0 (NODE: an IP "
                                      "address, node id or custom resource) or ray:all (default)")

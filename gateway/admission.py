@@ -25,6 +25,7 @@ from gateway.protocol import GenerationOptions
 from gateway.quotas import Quotas
 from gateway.responses import ResponseFormat
 from gateway.served import Target, resolve_model
+from gateway.speculation import resolve as resolve_speculative
 from gateway.structured import constraint_for
 from gateway.tenancy.ledger import BudgetLedger
 from gateway.tenants import Tenant
@@ -137,6 +138,8 @@ def _admit(admission: Admission, tenant: Tenant, priority: Priority,
                          int(time.time()), target.model, options.include_usage,
                          pieces, tool_output(tools, engine.tool_format))
     generations: list[Generation] = []
+    speculative = resolve_speculative(options.speculative, tenant.speculative_config,
+                                      engine.speculative)
     for p, ids in enumerate(prompts):
         sampling = _sampling(options, max_tokens[p], engine)
         echo = _echo(engine, ids) if options.echo else None
@@ -152,7 +155,8 @@ def _admit(admission: Admission, tenant: Tenant, priority: Priority,
                 constraint=None if options.structured is None
                 else constraint_for(engine.grammars, options.structured),
                 trace=admission.tracer is not None, adapter=target.adapter,
-                model=target.base, tpot_slo_s=tpot_slo_s),
+                model=target.base, tpot_slo_s=tpot_slo_s,
+                speculative=speculative),
                 engine, options.stop, echo, leader)
             generations.append(generation)
             if j == 0 and _share_prefill(options, engine):

@@ -4,7 +4,8 @@ A config file mirrors the tree (every key optional)::
 
     model:     {spec: default, served_model_name: null, dtype: bfloat16, max_model_len: null,
                 generation_config: auto, fim: auto, tool_parser: auto,
-                lora: {sql: /adapters/sql}, lora_reserve_gib: 0}   # docs/lora.md
+                lora: {sql: /adapters/sql}, lora_reserve_gib: 0,   # docs/lora.md
+                speculative_config: null}   # vLLM's JSON: docs/speculation.md
     scheduler: {devices: "cpu:0,cpu:1", device_memory_gib: null, policy: slice,
                 ray_address: null}
     server:    {host: 127.0.0.1, port: 8000, drain_timeout_s: 30, request_timeout_s: 600,
@@ -34,6 +35,7 @@ from gateway.adapters import ADAPTER_NAME, NAME_RULE
 from gateway.fim import parse_fim_setting
 from gateway.logs import LOG_FORMATS, LOG_LEVELS
 from gateway.model_entries import ModelEntryError, parse_models
+from gateway.speculation import parse_setting
 from gateway.tenants import TenantsConfig, load_tenants
 from gateway.tools.formats import parse_tool_parser_setting
 from gateway.transport import CorsSettings, TlsSettings, TransportError
@@ -157,6 +159,9 @@ class ModelSettings:
     # several base models in one server (gateway/model_entries.py, docs/models.md); empty:
     # the one model of `spec`
     models: Any = ()
+    # prompt-lookup speculative decoding (docs/speculation.md): vLLM's --speculative-config,
+    # a JSON string or mapping, parsed to a `SpecConfig`; None = off
+    speculative_config: Any = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lora", parse_lora(self.lora))
@@ -166,6 +171,11 @@ class ModelSettings:
             raise ConfigError(f"model.models: {exc}") from None
         _require(not (self.models and self.served_model_name), "model.served_model_name",
                  "unset with model.models (each model's name is what clients send)")
+        try:
+            object.__setattr__(self, "speculative_config",
+                               parse_setting(self.speculative_config))
+        except ValueError as exc:
+            raise ConfigError(f"model.speculative_config: {exc}") from None
         _require(_is_number(self.lora_reserve_gib) and self.lora_reserve_gib >= 0,
                  "model.lora_reserve_gib", "a non-negative number")
         try:

@@ -24,6 +24,7 @@ from gateway.tools.formats import DEFAULT_FORMAT, KNOWN_FORMATS, CallFormat, res
 from models.grammar import Grammars
 from models.loader import load
 from models.modelset import first_model, model_set
+from models.spec_config import SpecConfig
 from models.warmup import warm_rows
 from scheduler.api import SchedulerAPI
 from scheduler.config import SchedulerConfig
@@ -62,6 +63,7 @@ class Engine:
     root: str = ""  # where the weights came from (/v1/models `root`, as vLLM's)
     # the other base models one scheduler serves beside `served_model_name` (docs/models.md)
     base_models: tuple[str, ...] = ()
+    speculative: SpecConfig | None = None  # the server's prompt-lookup drafting; None = off
 
     def __post_init__(self) -> None:
         if self.max_model_len < 2:
@@ -141,6 +143,7 @@ def engine_for_model(model: Model, scheduler: SchedulerAPI, config: GatewayConfi
         prefix_caching=config.scheduler.prefix_cache,
         adapters=adapters or Adapters(reserved=base_names(model, config)),
         root=str(model.path),
+        speculative=config.model.speculative_config,
     )
 
 

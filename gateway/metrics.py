@@ -124,9 +124,29 @@ class _StatsCollector:
                                      "handlers (their requests ended with a server error).")
         errors.add_metric([], s.errors_total)
         yield errors
+        yield from _spec_decode(s, m)
         yield _histogram(HistogramMetricFamily(
             "slicegate_scheduler_round_seconds",
             "Wall time of one scheduling round (view, policy decision, apply)."), s.round_seconds)
+
+
+def _spec_decode(s: SchedulerStats, model_name: str) -> Iterator[Metric]:
+    """vLLM's speculative-decoding counters (docs/speculation.md)."""
+    for name, help_, value in (
+            ("vllm:spec_decode_num_drafts", "Verify steps of drafted tokens.", s.spec_num_drafts),
+            ("vllm:spec_decode_num_draft_tokens", "Tokens drafted (prompt lookup).",
+             s.spec_num_draft_tokens),
+            ("vllm:spec_decode_num_accepted_tokens", "Drafted tokens accepted.",
+             s.spec_num_accepted_tokens)):
+        counter = CounterMetricFamily(name, help_, labels=["model_name"])
+        counter.add_metric([model_name], value)
+        yield counter
+    per_pos = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                  "Drafted tokens accepted, per draft position (0 first).",
+                                  labels=["model_name", "position"])
+    for pos, n in enumerate(s.spec_accepted_per_pos):
+        per_pos.add_metric([model_name, str(pos)], n)
+    yield per_pos
 
 
 def _per_class(family: GaugeMetricFamily | CounterMetricFamily, model_name: str,

@@ -33,6 +33,11 @@ def _ref(name: str) -> S:
     return {"$ref": f"#/components/schemas/{name}"}
 
 
+_SPEC: S = {**_obj(("num_speculative_tokens",), method={"enum": ["ngram"]},
+                   num_speculative_tokens={"type": "integer", "minimum": 1, "maximum": 16},
+                   prompt_lookup_max={"type": "integer", "minimum": 1, "maximum": 64},
+                   prompt_lookup_min={"type": "integer", "minimum": 1, "maximum": 64}),
+            "description": "vLLM's --speculative-config for prompt lookup (n-gram drafting)."}
 _SCHEMA: S = {"anyOf": [{"type": "object"}, STR], "description": "A JSON schema (or its "
                "JSON text)."}
 _CHOICES: S = {"type": "array", "items": STR, "minItems": 1}
@@ -96,6 +101,11 @@ _OPTIONS: dict[str, S] = {  # what both generation endpoints accept
                                   "prefix-cache blocks (within a tenant, or the shared pool "
                                   "of tenants with share_prefix_cache). Make it random and "
                                   "secret, e.g. 43 base64 characters."},
+    "speculative": {"anyOf": [BOOL, _SPEC, {"type": "null"}],
+                    "description": "slicegate's: prompt-lookup speculative decoding for this "
+                                   "request: false (off), true (the tenant's or server's "
+                                   "config) or a config; absent: the tenant's or server's "
+                                   "(docs/speculation.md)."},
     **_STRUCTURED,
 }
 _TOKENS: S = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
@@ -200,7 +210,9 @@ _TENANT_FIELDS: S = {"priority": _nullable({"enum": ["high", "normal", "low"]}),
                      "budget": _nullable(_BUDGET),
                      "models": _nullable({"type": "array",
                                           "items": {"type": "string", "minLength": 1}}),
-                     "default_model": _nullable({"type": "string", "minLength": 1})}
+                     "default_model": _nullable({"type": "string", "minLength": 1}),
+                     "speculative_config": {"anyOf": [{"const": False}, _SPEC,
+                                                      {"type": "null"}]}}
 _KEYS: S = {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1}
 _TENANT_KEY: S = _obj(("object", "id", "tenant", "source"), object={"const": "tenant.key"},
                       id=STR, tenant=STR, source={"enum": ["file", "admin"]},

@@ -17,11 +17,13 @@ import orjson
 
 from gateway.errors import clip, invalid, unsupported
 from gateway.fields import Fields, is_int, is_number, range_error, type_error
+from gateway.speculation import parse_request
 from gateway.structured import Structured, for_tools, parse_structured
 from gateway.tenants import SERVICE_TIERS
 from gateway.tools.request import parse_tool_calls, parse_tool_request
 from gateway.tools.types import ToolCall, ToolRequest
 from models.sampling_params import MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_PENALTY
+from models.spec_config import SpecConfig
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_N = 16  # choices per prompt (`n`); vLLM has no cap, each choice is a request here
@@ -63,6 +65,9 @@ class GenerationOptions:
     # vLLM's `cache_salt`: only requests with the same salt (of the same tenant, unless both
     # tenants share the pool) hit each other's prefix-cache blocks; None = the tenant's own
     cache_salt: str | None = None
+    # prompt-lookup drafting (gateway/speculation.py): a config, False (off), True (the
+    # tenant's or server's); None = not said
+    speculative: SpecConfig | bool | None = None
 
 
 Prompt = str | tuple[int, ...]  # text, or token ids
@@ -222,6 +227,7 @@ def _options(fields: Fields, max_tokens: int | None) -> GenerationOptions:
         structured=parse_structured(fields),
         n=_choices(fields),
         cache_salt=_cache_salt(fields),
+        speculative=parse_request(fields),
     )
 
 

@@ -17,6 +17,8 @@ The tenants file (YAML)::
         budget: {daily_tokens: 1000000, monthly_tokens: 20000000, completion_weight: 2}
         models: [base, sql-lora]  # the models and LoRA adapters it may use (absent: all)
         default_model: sql-lora   # what a request without `model` runs on (absent: the base)
+        speculative_config: {num_speculative_tokens: 4, prompt_lookup_max: 4}  # or false
+                                  # (absent: the server's; docs/speculation.md)
 
 Without a tenants file auth is off and every request belongs to one default
 tenant (class `high`, so that a request can still choose any class by lowering).
@@ -35,14 +37,17 @@ import yaml
 from executors.types import Priority
 from gateway.errors import ApiError, clip, invalid
 from gateway.logs import note_request
+from gateway.speculation import parse_setting
 from gateway.tenancy.budget import Budget
 from gateway.tenancy.keys import hash_key, is_sha256, same_hash
 from gateway.yamlmarks import LineDict, LineList, line_of, load_with_lines
+from models.spec_config import SpecConfig
 
 SERVICE_TIERS = ("auto", "default", "flex", "priority")
 _TENANT_FIELDS = ("name", "api_keys", "api_key_sha256", "priority", "ttft_slo_ms", "tpot_slo_ms",
                   "max_concurrency", "requests_per_minute", "tokens_per_minute",
-                  "share_prefix_cache", "budget", "models", "default_model")
+                  "share_prefix_cache", "budget", "models", "default_model",
+                  "speculative_config")
 _MAX_NUMBER = 1 << 62  # larger limits are typos (and SQLite's integers end at 2**63)
 _BUDGET_FIELDS = ("daily_tokens", "monthly_tokens", "prompt_weight", "completion_weight")
 _LIMIT_FIELDS = ("max_concurrency", "requests_per_minute", "tokens_per_minute")
@@ -64,6 +69,8 @@ class Tenant:
     models: tuple[str, ...] | None = None  # model and adapter names it may use; None: all
     default_model: str | None = None  # for requests without `model`; None: the base model
     tpot_slo_ms: float | None = None  # inter-token target of its streams; None: no pace kept
+    # prompt-lookup drafting for its requests: a config, False (never) or None (the server's)
+    speculative_config: SpecConfig | bool | None = None
 
     def __post_init__(self) -> None:
         if (self.default_model is not None and self.models is not None
@@ -260,6 +267,8 @@ def tenant_spec(tenant: Tenant) -> dict[str, Any]:
     spec["budget"] = None if tenant.budget is None else tenant.budget.as_dict()
     spec["models"] = None if tenant.models is None else list(tenant.models)
     spec["default_model"] = tenant.default_model
+    s = tenant.speculative_config
+    spec["speculative_config"] = s.to_dict() if isinstance(s, SpecConfig) else s
     return spec
 
 
@@ -329,7 +338,14 @@ class _Reader:
         models, default = self.models(item, path)
         return Tenant(str(name).strip(), keys, priority, slo, **limits,
                       share_prefix_cache=share, budget=self.budget(item, f"{path}.budget"),
-                      models=models, default_model=default, tpot_slo_ms=tpot)
+                      models=models, default_model=default, tpot_slo_ms=tpot,
+                      speculative_config=self.speculative(item, path))
+
+    def speculative(self, item: dict[str, Any], path: str) -> SpecConfig | bool | None:
+        try:
+            return parse_setting(item.get("speculative_config"), allow_off=True)
+        except ValueError as exc:
+            self.fail(item, "speculative_config", f"{path}.speculative_config", str(exc))
 
     def models(self, item: dict[str, Any], path: str) -> tuple[tuple[str, ...] | None,
                                                                 str | None]:

@@ -75,6 +75,21 @@ def _bench(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _spec_bench(args: argparse.Namespace) -> int:
+    from loadgen.specbench import SpecBenchConfig, run_spec_bench
+
+    config = SpecBenchConfig(
+        out=args.out or Path("bench-results") / datetime.now().strftime("spec-%Y%m%d-%H%M%S"),
+        model=args.model, peer_model_dir=args.peer_model_dir, peers=_names(args.peers),
+        spec=args.speculative_config, workloads=_names(args.workloads),
+        requests=args.requests, repeats=args.repeats, max_tokens=args.max_tokens,
+        devices=args.devices, dtype=args.dtype, serve_args=tuple(args.serve_arg))
+    doc = run_spec_bench(config, "python -m loadgen " + shlex.join(sys.argv[1:]))
+    print((config.out / "spec-bench.md").read_text())
+    print(f"wrote {config.out}/spec-bench.json, spec-bench.md", file=sys.stderr)
+    return 0 if doc["runs"].get("slicegate", {}).get("status") == "ok" else 1
+
+
 def _probe(args: argparse.Namespace) -> int:
     from loadgen.overhead import ProbeConfig, markdown, run_probe
 
@@ -133,6 +148,8 @@ def _parser() -> argparse.ArgumentParser:
         "bench-models", help="two models on one machine: one slicegate, a static split, "
                              "two vLLM servers"))
     _probe_parser(sub.add_parser("probe", help="what the serving path adds to a request"))
+    _spec_bench_parser(sub.add_parser("spec-bench", help="speculative decoding on and off, "
+                                                         "and peers, on code edits and chat"))
     add_chaos_parser(sub.add_parser("chaos", help="overload, faults, dropped streams, "
                                                   "fuzzing and soak, each against its server"))
     add_bursts_parser(sub.add_parser("bursts", help="a run's TTFT by the arrivals just "
@@ -237,6 +254,28 @@ def _bench_parser(b: argparse.ArgumentParser) -> None:
     b.add_argument("--out", type=Path, default=None,
                    help="output folder (default: bench-results/DATE-TIME)")
     b.set_defaults(fn=_bench)
+
+
+def _spec_bench_parser(p: argparse.ArgumentParser) -> None:
+    from loadgen.specbench import DEFAULT_SPEC
+
+    p.add_argument("--out", type=Path, default=None,
+                   help="output folder (default: bench-results/spec-DATE-TIME)")
+    p.add_argument("--model", default="default", help="slicegate's --model")
+    p.add_argument("--peer-model-dir", default=None,
+                   help="the model folder the peers serve (none given: no peers)")
+    p.add_argument("--peers", default="vllm", help="comma-separated: vllm, or none")
+    p.add_argument("--speculative-config", default=DEFAULT_SPEC, metavar="JSON",
+                   help="for slicegate and the peers (vLLM's flag)")
+    p.add_argument("--workloads", default="code-edit,chat", help="code-edit, chat")
+    p.add_argument("--requests", type=int, default=6, help="prompts per workload")
+    p.add_argument("--repeats", type=int, default=3, help="each prompt, each mode, this often")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--devices", default="cpu:0")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--serve-arg", action="append", default=[],
+                   help="an extra flag for slicegate (repeat it)")
+    p.set_defaults(fn=_spec_bench)
 
 
 def _probe_parser(p: argparse.ArgumentParser) -> None:

@@ -3,7 +3,8 @@
 Tokens of all sequences are flattened into one row dimension T. Sequences
 feeding more than one token (prefill, or a prefill chunk on top of existing
 KV) run attention one by one; sequences feeding one token (decode) run
-attention together over their context gathered from the paged cache.
+attention together over their context gathered from the paged cache. A verify
+step (one known token and drafts, `SeqSpec.num_draft`) runs as decode rows.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ class BatchShape:
 
     num_tokens: int  # new tokens fed through the model (T)
     num_seqs: int
-    num_sampled: int  # sequences whose next token the head samples
+    num_sampled: int  # rows the head scores: one per sampling sequence, k + 1 per verify
     attn_work: int  # sum over seqs of new_tokens * context_tokens
     num_context_tokens: int  # sum of context lengths (KV read)
 
@@ -75,6 +76,14 @@ class SeqSpec:
     # a request that asks for `sampling.prompt_logprobs` feeds its prompt (at most one per row)
     prompt_targets: list[int] | None = None
     adapter: str | None = None  # the LoRA adapter its rows run with; None = the base model
+    # speculative decoding: its last `num_draft` fed tokens are drafted, not known; the head
+    # scores its last num_draft + 1 rows and emits 1..num_draft + 1 tokens (`models.speculative`)
+    num_draft: int = 0
+
+    @property
+    def num_scored(self) -> int:
+        """Rows of it the head scores: its last num_draft + 1 when it samples, else none."""
+        return self.num_draft + 1 if self.sample else 0
 
     @property
     def num_context_tokens(self) -> int:
@@ -85,7 +94,7 @@ def shape_of(seqs: list[SeqSpec]) -> BatchShape:
     return BatchShape(
         num_tokens=sum(len(s.token_ids) for s in seqs),
         num_seqs=len(seqs),
-        num_sampled=sum(s.sample for s in seqs),
+        num_sampled=sum(s.num_scored for s in seqs),
         attn_work=sum(len(s.token_ids) * s.num_context_tokens for s in seqs),
         num_context_tokens=sum(s.num_context_tokens for s in seqs),
     )
@@ -122,7 +131,8 @@ class Batch:
     slot_mapping: torch.Tensor  # [T] long, where each new token's K/V is written
     prefills: list[PrefillSeq]
     decode: DecodeGroup | None
-    sample_rows: torch.Tensor  # [S] rows whose hidden state the head samples from
+    sample_rows: torch.Tensor  # [S] rows whose hidden state the head samples from (a
+    # drafted sequence has num_draft + 1 of them, in order)
     wants_logprobs: bool = False  # a sequence asks for log-probs (`models.logprobs`)
     has_adapters: bool = False  # a sequence runs with a LoRA adapter
     lora: LoraRows | None = None  # its adapter rows, resolved by the first layer op run on it
@@ -130,6 +140,11 @@ class Batch:
     @property
     def sampled_seqs(self) -> list[SeqSpec]:
         return [s for s in self.seqs if s.sample]
+
+    @property
+    def has_drafts(self) -> bool:
+        """A sequence verifies drafted tokens (the head returns a `HeadOutput` with runs)."""
+        return any(s.num_draft for s in self.seqs if s.sample)
 
 
 def _slots(block_table: list[int], start: int, end: int, block_size: int) -> list[int]:
@@ -139,10 +154,19 @@ def _slots(block_table: list[int], start: int, end: int, block_size: int) -> lis
 def _check(seq: SeqSpec, block_size: int) -> None:
     if not seq.token_ids:
         raise ValueError(f"{seq.request_id}: a sequence must feed at least one token")
+    if not 0 <= seq.num_draft < len(seq.token_ids) or (seq.num_draft and not seq.sample):
+        raise ValueError(f"{seq.request_id}: {seq.num_draft} drafted tokens of "
+                         f"{len(seq.token_ids)} fed, sample={seq.sample}")
     if len(seq.block_table) * block_size < seq.num_context_tokens:
         raise ValueError(f"{seq.request_id}: block table holds "
                          f"{len(seq.block_table) * block_size} tokens, needs "
                          f"{seq.num_context_tokens}")
+
+
+def _row(seq: SeqSpec, i: int) -> SeqSpec:
+    """Token i of a verify step as a decode row: its context ends at that token."""
+    return SeqSpec(seq.request_id, seq.token_ids[i:i + 1], seq.num_past_tokens + i,
+                   seq.block_table)
 
 
 def _prefill(seq: SeqSpec, rows: slice, block_size: int, device: torch.device) -> PrefillSeq:
@@ -188,10 +212,17 @@ def build_batch(seqs: list[SeqSpec], block_size: int, device: torch.device) -> B
         if len(s.token_ids) == 1:
             decode_seqs.append(s)
             decode_rows.append(row0)
+        elif s.num_draft:
+            # NOTE: a verify step runs as num_draft + 1 decode rows of one sequence, row i over
+            # the context up to its own token (each layer writes every row's K/V before its
+            # attention): the kernels and numerics of plain decode steps, so greedy output is
+            # token for token the same, bf16 included, and the native decode layer runs it
+            decode_seqs += [_row(s, i) for i in range(len(s.token_ids))]
+            decode_rows += range(row0, row0 + len(s.token_ids))
         else:
             prefills.append(_prefill(s, slice(row0, len(ids)), block_size, device))
         if s.sample:
-            sample_rows.append(len(ids) - 1)
+            sample_rows.extend(range(len(ids) - 1 - s.num_draft, len(ids)))
     decode = _decode_group(decode_seqs, decode_rows, block_size, device) if decode_seqs else None
     return Batch(
         seqs=seqs, shape=shape_of(seqs),

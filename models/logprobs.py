@@ -38,6 +38,9 @@ class HeadOutput:
     logprobs: list[TokenLogprobs | None]  # per sampled row; None where it asked for none
     # request id -> its fed rows' next prompt tokens, in order (`SeqSpec.prompt_targets`)
     prompt: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
+    # per sampled row, when some row verified drafts: the tokens it emits, in order (the
+    # last is `token_ids`' entry); None otherwise (`models.speculative`)
+    runs: list[list[int]] | None = None
 
     def cpu(self) -> HeadOutput:
         return self
@@ -90,6 +93,11 @@ def unpack(output: Any) -> tuple[list[int], list[TokenLogprobs | None] | None,
     if isinstance(output, HeadOutput):
         return output.tolist(), output.logprobs, output.prompt
     return list(output.tolist()), None, {}
+
+
+def runs_of(output: Any) -> list[list[int]] | None:
+    """Each sampled row's emitted tokens when the head verified drafts, else None."""
+    return output.runs if isinstance(output, HeadOutput) else None
 
 
 def chunks(start: int, count: int) -> list[tuple[int, int]]:

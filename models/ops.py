@@ -31,6 +31,7 @@ from models.linear import Linear
 from models.logprobs import HeadOutput, TokenLogprobs, chunks, prompt_rows, sampled_logprobs, scored
 from models.lora import AdapterError, AdapterSet, LoraRows
 from models.sampling import sample
+from models.speculative import verify
 from models.template import OpTemplate
 
 
@@ -113,23 +114,38 @@ class HeadOp:
         assert x is not None
         if batch.wants_logprobs:
             return self._with_logprobs(batch, x)
+        if batch.has_drafts:
+            return self._verify(batch, x)
         if batch.sample_rows.numel() == 0:
             return torch.empty(0, dtype=torch.long)
         return torch.tensor(sample(self.logits(batch, x), batch.sampled_seqs), dtype=torch.long)
+
+    def _verify(self, batch: Batch, x: torch.Tensor) -> HeadOutput:
+        """Sampled sequences' tokens when some verify drafts: each one's run of tokens
+        (one for a plain row; `models.speculative.verify` for a drafted one)."""
+        runs = _runs(self.logits(batch, x), batch.sampled_seqs)
+        return HeadOutput(torch.tensor([run[-1] for run in runs], dtype=torch.long),
+                          [None] * len(runs), runs=runs)
 
     def _with_logprobs(self, batch: Batch, x: torch.Tensor) -> HeadOutput:
         seqs = batch.sampled_seqs
         tokens: list[int] = []
         logprobs: list[TokenLogprobs | None] = []
+        runs: list[list[int]] | None = None
         if seqs:
-            logits = self.logits(batch, x)  # [S, V]
+            logits = self.logits(batch, x)  # [R, V], R = sum of num_scored
             # NOTE: raw log-probs: `sample` masks constrained rows' logits in place
             raw = logits.clone() if any(s.constraint is not None for s in seqs) else logits
-            tokens = sample(logits, seqs)
+            if batch.has_drafts:  # NOTE: drafted rows never ask for log-probs (`eligible`)
+                runs = _runs(logits, seqs)
+                tokens = [run[-1] for run in runs]
+                raw = raw.index_select(0, _last_rows(seqs, raw.device))  # [S, V]
+            else:
+                tokens = sample(logits, seqs)
             logprobs = sampled_logprobs(raw, seqs, tokens)
         prompt = {s.request_id: self._prompt_logprobs(s, row, x)
                   for s, row in prompt_rows(batch.seqs)}
-        return HeadOutput(torch.tensor(tokens, dtype=torch.long), logprobs, prompt)
+        return HeadOutput(torch.tensor(tokens, dtype=torch.long), logprobs, prompt, runs)
 
     def _prompt_logprobs(self, seq: SeqSpec, row: int, x: torch.Tensor) -> list[TokenLogprobs]:
         """Each fed row's next prompt token (`seq.prompt_targets`), scored."""
@@ -144,6 +160,32 @@ class HeadOp:
 
     def to(self, device: torch.device) -> HeadOp:
         return replace(self, norm=self.norm.to(device), lm_head=self.lm_head.to(device))
+
+
+def _first_rows(seqs: list[SeqSpec]) -> list[int]:
+    """Each sampled sequence's first scored row among the head's logits."""
+    out, row = [], 0
+    for s in seqs:
+        out.append(row)
+        row += s.num_scored
+    return out
+
+
+def _last_rows(seqs: list[SeqSpec], device: torch.device) -> torch.Tensor:
+    return torch.tensor([r + s.num_draft for r, s in zip(_first_rows(seqs), seqs, strict=True)],
+                        dtype=torch.long, device=device)  # [S]
+
+
+def _runs(logits: torch.Tensor, seqs: list[SeqSpec]) -> list[list[int]]:
+    """Each sequence's emitted tokens: plain rows sampled together, drafted ones verified."""
+    # logits: [R, V], R = sum of num_scored
+    firsts = _first_rows(seqs)
+    plain = [s for s in seqs if not s.num_draft]
+    index = torch.tensor([r for r, s in zip(firsts, seqs, strict=True) if not s.num_draft],
+                         dtype=torch.long, device=logits.device)  # [P]
+    sampled = iter(sample(logits.index_select(0, index), plain) if plain else [])
+    return [verify(logits[r:r + s.num_scored], s) if s.num_draft else [next(sampled)]
+            for r, s in zip(firsts, seqs, strict=True)]
 
 
 Op = EmbedOp | LayerGroupOp | HeadOp

@@ -12,6 +12,7 @@ from executors.types import Priority
 from models.grammar import Constraint
 from models.logprobs import TokenLogprobs
 from models.sampling_params import SamplingParams
+from models.spec_config import SpecConfig
 
 NO_DEVICE = "no device is available"  # starts the error of requests ended by it (HTTP 503)
 ROUND_BUCKETS_S = (1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5)
@@ -113,6 +114,7 @@ class Request:
     model: str = ""  # the base model of a server of several (models/modelset.py); "" = the first
     # the tenant's inter-token target once its first token is out; None = no pace kept
     tpot_slo_s: float | None = None
+    speculative: SpecConfig | None = None  # prompt-lookup drafting (scheduler/spec/); None = off
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
@@ -190,6 +192,12 @@ class SchedulerStats:
     device_up: dict[str, bool] = field(default_factory=dict)  # device -> its executor is up
     device_detail: dict[str, dict[str, Any]] = field(default_factory=dict)  # device -> state,
     # times lost, last error (remote devices)
+    # speculative decoding, cumulative (scheduler/spec/): verify steps, tokens drafted in
+    # them, drafted tokens accepted, and accepted ones per draft position (0 first)
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_pos: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -24,7 +25,7 @@ from typing import Any
 from executors.types import Device, OpInstance, OpState, Priority
 from models.batch import BatchSource, SeqSpec, TokenHistory
 from models.loader import Model
-from models.logprobs import TokenLogprobs, unpack
+from models.logprobs import TokenLogprobs, runs_of, unpack
 from models.lora import AdapterError
 from models.modelset import first_model
 from models.template import OpKind
@@ -52,6 +53,7 @@ from scheduler.round.decision import Preemption, RoundDecision
 from scheduler.round.plan import Feed, OpTime, Plan, XferTime
 from scheduler.round.requestview import RequestView
 from scheduler.round.view import RoundView
+from scheduler.spec.choice import SpecCounters
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +89,7 @@ class Scheduler(Components):
         self._down_poll: asyncio.TimerHandle | None = None  # the next round while degraded
         self._accepting = False
         self._stopping = False
+        self.spec_counters = SpecCounters()  # speculative decoding (scheduler/spec/)
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -417,16 +420,18 @@ class Scheduler(Components):
         for f in chunk:
             s = self.states[f.rid]
             table = s.tables[device]
-            if f.past + f.num_tokens > min(s.num_tokens, len(table) * self.cfg.block_size):
+            tokens, num_draft = s.fed_ids(f.past, f.num_tokens)
+            if f.past + f.num_tokens > min(s.num_tokens + num_draft,
+                                           len(table) * self.cfg.block_size):
                 raise ValueError(f"{f.rid}: feed [{f.past}, +{f.num_tokens}) is out of range")
             history = TokenHistory.of(s.req.sampling, s.req.prompt_token_ids,
                                       s.output_ids) if f.samples else None
-            out.append(SeqSpec(f.rid, s.token_ids(f.past, f.num_tokens), f.past, list(table),
+            out.append(SeqSpec(f.rid, tokens, f.past, list(table),
                                sample=f.samples, sampling=s.req.sampling,
                                num_generated=len(s.output_ids), history=history,
                                constraint=s.req.constraint if f.samples else None,
                                prompt_targets=s.prompt_targets(f.past, f.num_tokens),
-                               adapter=s.req.adapter))
+                               adapter=s.req.adapter, num_draft=num_draft))
         return out
 
     # -- completions -----------------------------------------------------------------------
@@ -532,24 +537,57 @@ class Scheduler(Components):
     def _chunk_done(self, plan: Plan, index: int, final: OpInstance) -> None:
         chunk = plan.chunks[index]
         now = self.clock()
+        head = self.model.template.ops[final.template_index].kind is OpKind.HEAD
+        runs = self._runs(chunk, final.output) if head else {}
         for f in chunk:
             if (s := self.states.get(f.rid)) is not None:
-                s.num_computed = f.past + f.num_tokens
+                # NOTE: a verify step's KV holds its known token and the accepted drafts;
+                # the rejected ones' slots are past `num_computed`, rewritten by later steps
+                accepted = len(runs[f.rid]) - 1 if f.rid in runs else 0
+                s.num_computed = f.past + f.num_tokens - f.num_draft + accepted
                 s.on_computed()
                 self.requests.cache(s)
                 self.fair.charge(s.priority, s.tenant, f.num_tokens)
                 self.drain.record(now, max(0, min(s.prompt_len, f.past + f.num_tokens) - f.past))
-        if self.model.template.ops[final.template_index].kind is OpKind.HEAD:
+        if head:
             tokens, logprobs, prompt = unpack(final.output)
             for f in chunk:
                 if f.rid in prompt and (s := self.states.get(f.rid)) is not None:
                     s.record_prompt_logprobs(f.past, prompt[f.rid])
             sampled = [f for f in chunk if f.samples]
             for i, (f, token) in enumerate(zip(sampled, tokens, strict=True)):
-                if (s := self.states.get(f.rid)) is not None:
+                if (s := self.states.get(f.rid)) is None:
+                    continue
+                if f.rid in runs:
+                    self._on_run(s, runs[f.rid])
+                else:
+                    if s.spec is not None and f.num_tokens == 1:
+                        s.spec.acceptance.idle()
                     self._on_token(s, int(token), None if logprobs is None else logprobs[i])
         if index == len(plan.chunks) - 1:
             self._plan_done(plan)
+
+    def _runs(self, chunk: list[Feed], output: Any) -> dict[str, list[int]]:
+        """Request id -> tokens its verify step emitted, for the chunk's drafted feeds."""
+        runs = runs_of(output)
+        if runs is None:
+            return {}
+        sampled = [f for f in chunk if f.samples]
+        return {f.rid: run for f, run in zip(sampled, runs, strict=True) if f.num_draft}
+
+    def _on_run(self, s: RequestState, run: list[int]) -> None:
+        """A verify step's tokens: each as a decoded token (a stop among them ends the
+        request there), then its acceptance booked and its rejected drafts' blocks freed."""
+        drafts = s.spec.in_flight if s.spec is not None else []
+        accepted = len(run) - 1
+        self.spec_counters.record(len(drafts), accepted)
+        if s.spec is not None:
+            s.spec.acceptance.observe(len(drafts), accepted)
+            s.spec.in_flight = []
+        for token in run:
+            self._on_token(s, token)
+        if not s.finished:
+            self.kv.shrink(s.rid, s.num_tokens)
 
     def _on_token(self, s: RequestState, token: int,
                   logprobs: TokenLogprobs | None = None) -> None:
@@ -613,7 +651,11 @@ class Scheduler(Components):
 
     def stats(self) -> SchedulerStats:
         self._book()
-        return collect(self)
+        c = self.spec_counters
+        return dataclasses.replace(collect(self), spec_num_drafts=c.num_drafts,
+                                   spec_num_draft_tokens=c.num_draft_tokens,
+                                   spec_num_accepted_tokens=c.num_accepted_tokens,
+                                   spec_accepted_per_pos=tuple(c.accepted_per_pos))
 
 
 def _finish_reason(s: RequestState, token: int) -> FinishReason | None:

@@ -18,7 +18,7 @@ PACKAGES = ("models", "executors", "scheduler", "gateway", "loadgen", "benchmark
 TOP_ORDER = {"models": 0, "executors": 1, "scheduler": 2, "gateway": 3, "loadgen": 3,
              "benchmarks": 4}
 # bottom to top; top-level modules of scheduler/ not named here sit above every sub-package
-SCHEDULER_LAYERS = ("api", "config", "memory", "cost", "sim", "round", "policies", "core",
+SCHEDULER_LAYERS = ("api", "config", "memory", "cost", "sim", "round", "spec", "policies", "core",
                     "provisioning", "testing")
 
 

@@ -46,7 +46,7 @@ class PlanJournal:
         """`plan` went out with request `rid` in it: a prefill while it feeds prompt tokens
         (or recomputes, after a preemption), else a decode step."""
         feeds = [f for chunk in plan.chunks for f in chunk if f.rid == rid]
-        prefill = any(f.past < prompt_len or f.num_tokens > 1 for f in feeds)
+        prefill = any(f.past < prompt_len or f.num_tokens - f.num_draft > 1 for f in feeds)
         self.issued("prefill" if prefill else "decode", tuple(dict.fromkeys(plan.placement)),
                     now, sum(f.num_tokens for f in feeds), len(plan.rids))
 

@@ -14,6 +14,7 @@ from scheduler.api import FinishReason, Request, RequestTrace, TokenEvent
 from scheduler.core.ieg import IEGNode, NodeKind, NodeState
 from scheduler.core.journal import PlanJournal
 from scheduler.round.requestview import Placement, RequestView
+from scheduler.spec.state import SpecState, eligible
 
 
 class Status(enum.Enum):
@@ -65,12 +66,15 @@ class RequestState:
     _keys: list[BlockKey] = field(default_factory=list, repr=False)  # of its full blocks
     shed: Exception | None = None  # set when evicted from its queue: its stream raises it
     journal: PlanJournal | None = None  # its plan runs, when the request asks `trace`
+    spec: SpecState | None = None  # set when it speculates (`Request.speculative`)
     _view: RequestView | None = field(default=None, repr=False)
     _view_key: tuple = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         if self.req.trace:
             self.journal = PlanJournal()
+        if self.req.speculative is not None:
+            self.spec = SpecState(self.req.speculative)
 
     @property
     def rid(self) -> str:
@@ -125,8 +129,19 @@ class RequestState:
                 self.req.ttft_slo_s, self.prompt_len, self.req.max_tokens, len(self.output_ids),
                 self.num_computed, self.placement, blocks, self.status is Status.SWAPPED,
                 cached, shared, self.req.sampling.prompt_logprobs is not None, self.req.model,
-                self.req.tpot_slo_s, self.last_token_time)
+                self.req.tpot_slo_s, self.last_token_time,
+                self._proposal(), 0.0 if self.spec is None else self.spec.acceptance.rate)
         return self._view
+
+    def _proposal(self) -> tuple[int, ...]:
+        """Prompt lookup's drafts for its next decode step (scheduler/spec/), if it may."""
+        if self.spec is None or self.status is not Status.RUNNABLE \
+                or self.num_tokens - self.num_computed != 1 \
+                or not eligible(self.req.sampling, self.req.constraint is not None,
+                                len(self.output_ids)):
+            return ()
+        room = self.req.max_tokens - len(self.output_ids) - 1  # a step emits up to k + 1
+        return self.spec.proposal(self.req.prompt_token_ids + self.output_ids, room)
 
     def block_keys(self, block_size: int, num_tokens: int) -> list[BlockKey]:
         """Prefix-cache keys of the full blocks among its first `num_tokens` tokens."""
@@ -160,6 +175,20 @@ class RequestState:
         if not self.prompt_logprobs:
             self.prompt_logprobs = [None] * self.prompt_len
         self.prompt_logprobs[past + 1:past + 1 + len(scored)] = scored
+
+    def fed_ids(self, start: int, count: int) -> tuple[list[int], int]:
+        """(tokens [start, start + count), how many of them are drafts): its known tokens,
+        then the drafts of its proposal (a verify step; kept in `spec.in_flight`)."""
+        known = max(0, min(count, self.num_tokens - start))
+        num_draft = count - known
+        if num_draft == 0:
+            return self.token_ids(start, count), 0
+        proposal = self._view.draft if self._view is not None else ()
+        if self.spec is None or len(proposal) < num_draft:
+            raise ValueError(f"{self.rid}: {num_draft} drafted tokens fed, "
+                             f"{len(proposal)} proposed")
+        self.spec.in_flight = list(proposal[:num_draft])
+        return self.token_ids(start, known) + self.spec.in_flight, num_draft
 
     def token_ids(self, start: int, count: int) -> list[int]:
         """Tokens [start, start + count) of prompt + output."""

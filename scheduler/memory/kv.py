@@ -125,6 +125,21 @@ class KVManager:
         for d, n in self.to_grow(request_id, num_tokens).items():
             r.tables[d].extend(self.pools[d].allocator.allocate(n))
 
+    def shrink(self, request_id: str, num_tokens: int) -> None:
+        """Free the request's blocks past those holding `num_tokens` tokens, on every device
+        (rejected drafts' blocks after a verify step, `scheduler.spec`).
+
+        NOTE: those blocks were never registered in the prefix cache: only full blocks of
+        verified tokens are (`Requests.cache`)."""
+        r = self.reservations.get(request_id)
+        if r is None:
+            return
+        for d, table in r.tables.items():
+            keep = self.blocks_needed(d, num_tokens)
+            if len(table) > keep:
+                self.pools[d].allocator.free(table[keep:])
+                del table[keep:]
+
     def free(self, request_id: str) -> None:
         """Return the request's device blocks and drop any swapped copy."""
         self.swapped.pop(request_id, None)

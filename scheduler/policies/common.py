@@ -11,6 +11,7 @@ from scheduler.round.draft import Draft
 from scheduler.round.plan import Feed, Plan
 from scheduler.round.requestview import Placement, RequestView
 from scheduler.round.view import RoundView
+from scheduler.spec.plan import decode_feeds
 
 PriorityOf = Callable[[RequestView], Priority]
 
@@ -61,7 +62,8 @@ def decode_plans(draft: Draft, priority_of: PriorityOf) -> list[Plan]:
     high-priority prefill waits for at most one of its operators per device; the price is
     that a high-priority request decoding beside low ones decodes at their pace. A
     placement with a step in flight is skipped, so newcomers join the next step instead of
-    fragmenting it.
+    fragmenting it. Members with a prompt-lookup proposal may verify drafts in the step
+    (`scheduler.spec.plan.decode_feeds`).
     """
     ready = sorted((r for r in draft.runnable() if not r.is_prefilling and r.placement
                     and not _stepping(draft, r)),
@@ -77,8 +79,8 @@ def decode_plans(draft: Draft, priority_of: PriorityOf) -> list[Plan]:
         members = [r for r in members if draft.is_runnable(r.rid)]  # not preempted since
         for i in range(0, len(members), size):
             part = members[i:i + size]
-            feeds = [Feed(r, r.num_computed, 1) for r in part]
-            plans.append(Plan(max(priority_of(r) for r in part), placement, [feeds]))
+            priority = max(priority_of(r) for r in part)
+            plans.append(Plan(priority, placement, [decode_feeds(draft, part, priority)]))
     return sorted(plans, key=lambda p: p.priority)
 
 

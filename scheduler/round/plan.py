@@ -47,6 +47,11 @@ class Feed:
         return self.past + self.num_tokens >= self.req.num_tokens
 
     @property
+    def num_draft(self) -> int:
+        """Drafted tokens it feeds past the known ones (a verify step, `scheduler.spec`)."""
+        return max(0, self.past + self.num_tokens - self.req.num_tokens)
+
+    @property
     def scores_prompt(self) -> bool:
         """The head scores the prompt tokens this chunk feeds (`SamplingParams.prompt_logprobs`)."""
         return self.req.scores_prompt and self.past < self.req.prompt_len
@@ -77,7 +82,7 @@ class Plan:
 
     @property
     def is_prefill(self) -> bool:
-        return any(f.num_tokens > 1 for c in self.chunks for f in c)
+        return any(f.num_tokens - f.num_draft > 1 for c in self.chunks for f in c)
 
     def num_tokens(self) -> int:
         return sum(f.num_tokens for c in self.chunks for f in c)
@@ -87,7 +92,7 @@ def shape_of_chunk(chunk: list[Feed]) -> BatchShape:
     return BatchShape(
         num_tokens=sum(f.num_tokens for f in chunk),
         num_seqs=len(chunk),
-        num_sampled=sum(f.samples for f in chunk),
+        num_sampled=sum(f.samples + f.num_draft for f in chunk),
         attn_work=sum(f.num_tokens * (f.past + f.num_tokens) for f in chunk),
         num_context_tokens=sum(f.past + f.num_tokens for f in chunk),
     )

@@ -93,3 +93,18 @@ def test_the_longest_request_is_the_largest_pool_above_its_watermark() -> None:
     assert kv.max_request_tokens(0.0) == 200 * 4
     assert kv.max_request_tokens(0.01) == (200 - 2) * 4  # admission leaves 2 blocks free
     assert kv.can_ever_fit(kv.max_request_tokens(0.01))
+
+
+def test_shrink_frees_the_blocks_past_the_tokens_kept_on_every_device() -> None:
+    kv = _kv()
+    r = kv.reserve("a", {"cpu:0", "cpu:1"}, 6)
+    kv.grow("a", 6 + 5)  # a verify step's drafts: 3 blocks of 4
+    head = {d: list(t[:2]) for d, t in r.tables.items()}
+    free = {d: p.allocator.num_free for d, p in kv.pools.items()}
+    kv.shrink("a", 8)  # the drafts past token 8 were rejected
+    assert {d: t for d, t in r.tables.items()} == head  # the same first blocks, in place
+    assert {d: p.allocator.num_free for d, p in kv.pools.items()} == \
+        {d: n + 1 for d, n in free.items()}
+    kv.shrink("a", 8)  # nothing more to free
+    kv.shrink("gone", 0)  # a request that ended already
+    assert {d: len(t) for d, t in r.tables.items()} == {"cpu:0": 2, "cpu:1": 2}
