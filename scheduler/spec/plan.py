@@ -56,4 +56,4 @@ def _step_s(draft: Draft, r: RequestView, shape: BatchShape) -> float:
     builder = draft.view.builder
     placement = r.placement or ()
     return sum(builder.op_time(placement[t.index], t.name, shape)
-               for t in builder.template.ops)
+               for t in builder.template.chain(r.model))

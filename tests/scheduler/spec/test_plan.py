@@ -5,9 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from executors.types import Priority
+from models.modelset import model_set
 from scheduler.round.draft import Draft
-from scheduler.spec.plan import decode_feeds
+from scheduler.round.plan import Builder, Feed, shape_of_chunk
+from scheduler.spec.plan import _step_s, decode_feeds
+from tests.scheduler.cluster import weightless
+from tests.scheduler.conftest import linear_time, xfer_time
 from tests.scheduler.views import make_view, req, single
 
 P0 = single("cpu:0")
@@ -48,3 +54,17 @@ def test_no_free_blocks_no_drafts() -> None:
     d = Draft(make_view(runnable=[a], free_blocks=0))
     assert [f.num_tokens for f in decode_feeds(d, [a], Priority.NORMAL)] == [1]
     assert d.decision.preemptions == []
+
+
+def test_a_step_in_a_model_set_is_priced_over_its_own_models_chain() -> None:
+    # the set lays chat's and batch's chains end to end; a batch request's step runs batch's
+    # ops only, so it costs what the same step of that model alone costs
+    s = model_set([("chat", weightless(), None), ("batch", weightless(), None)])
+    alone = _decoding("a")
+    one = Draft(make_view(runnable=[alone]))
+    r = dataclasses.replace(alone, model="batch", placement=("cpu:0",) * len(s.template.ops))
+    view = make_view(runnable=[r])
+    both = Draft(dataclasses.replace(view, num_ops=len(s.template.ops), builder=Builder(
+        s.template, view.cfg.block_size, linear_time, xfer_time)))
+    shape = shape_of_chunk([Feed(r, r.num_computed, 5)])
+    assert _step_s(both, r, shape) == pytest.approx(_step_s(one, alone, shape))
