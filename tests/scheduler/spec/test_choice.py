@@ -59,6 +59,18 @@ def test_acceptance_follows_what_verify_steps_saw_and_recovers_when_idle() -> No
     a.observe(0, 0)  # nothing drafted: nothing learnt
 
 
+def test_acceptance_is_the_geometric_estimate_accepted_over_trials() -> None:
+    # drafts are tried until the first rejection: 3 of 5 accepted is 3 successes and one
+    # failure (3 / 4), not 3 of 5; the two never tried after the rejection do not count
+    a = Acceptance()
+    for _ in range(60):
+        a.observe(5, 3)
+    assert a.rate == pytest.approx(0.75, abs=0.01)
+    for _ in range(60):
+        a.observe(5, 5)  # all accepted: no failure seen
+    assert a.rate == pytest.approx(1.0, abs=0.01)
+
+
 def test_counters_count_acceptance_per_position() -> None:
     c = SpecCounters()
     c.record(4, 2)
