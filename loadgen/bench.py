@@ -181,7 +181,7 @@ def run_bench(config: BenchConfig, command: str = "") -> dict[str, Any]:
     batch = None if config.batch.strip() == "none" else TenantSpec(
         BATCH, KEYS[BATCH], parse_source(config.batch), priority=2)
     arrivals = plan_arrivals(interactive.source)
-    bench = _Bench(config, _cached_prompts(folder), folder, interactive, batch,
+    bench = _Bench(config, cached_prompts(folder), folder, interactive, batch,
                    duration_s=arrivals[-1].arrival_s + config.tail_s,
                    tpot_slo_s=None if config.tpot_slo_ms is None else config.tpot_slo_ms / 1000)
     slo_s, slo_source, alone_p90 = None, "not measured: interrupted", None
@@ -205,7 +205,9 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-def _cached_prompts(folder: Path) -> PromptFn:
+def cached_prompts(folder: Path) -> PromptFn:
+    """Prompt texts of `folder`'s tokenizer, each (tokens, salt) built once: every run
+    (and layout, `loadgen/bench_models.py`) replays the same texts."""
     builder = PromptBuilder.from_folder(folder)
     cache: dict[tuple[int, str], str] = {}
 

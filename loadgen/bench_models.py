@@ -35,11 +35,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from loadgen.bench import ADMIN_KEY, BATCH, INTERACTIVE, KEYS, write_tenants_file
+from loadgen.bench import (
+    ADMIN_KEY,
+    BATCH,
+    INTERACTIVE,
+    KEYS,
+    cached_prompts,
+    write_tenants_file,
+)
 from loadgen.benchtable import RunOutcome, summarize_run
 from loadgen.modelstable import format_models_markdown, models_summary
 from loadgen.plots import write_plots
-from loadgen.prompts import PromptBuilder, resolve_model_folder
+from loadgen.prompts import resolve_model_folder
 from loadgen.recipes import SATURATING_BATCH, default_interactive
 from loadgen.replay import PromptFn, ReplayConfig, ReplayResult, replay
 from loadgen.report import write_report
@@ -215,7 +222,7 @@ def run_models_bench(config: ModelsBenchConfig, command: str = "") -> dict[str, 
                                        slo_s=slo_s),
                BATCH: TenantSpec(BATCH, KEYS[BATCH], parse_source(config.batch), priority=2)}
     arrivals = plan_arrivals(tenants[INTERACTIVE].source)
-    bench = _Bench(config, _prompts(folder), folder, tenants,
+    bench = _Bench(config, cached_prompts(folder), folder, tenants,
                    duration_s=arrivals[-1].arrival_s + config.tail_s)
     try:
         for name in config.layouts:
@@ -238,19 +245,6 @@ def run_models_bench(config: ModelsBenchConfig, command: str = "") -> dict[str, 
 
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-def _prompts(folder: Path) -> PromptFn:
-    builder = PromptBuilder.from_folder(folder)
-    cache: dict[tuple[int, str], str] = {}
-
-    def prompt(num_tokens: int, salt: str) -> str:
-        # NOTE: every layout replays the same texts, built once.
-        if (num_tokens, salt) not in cache:
-            cache[(num_tokens, salt)] = builder.text(num_tokens, salt)
-        return cache[(num_tokens, salt)]
-
-    return prompt
 
 
 def _run_layout(bench: _Bench, name: str) -> RunOutcome:
