@@ -39,6 +39,7 @@ from gateway.speculation import parse_setting
 from gateway.tenants import TenantsConfig, load_tenants
 from gateway.tools.formats import parse_tool_parser_setting
 from gateway.transport import CorsSettings, TlsSettings, TransportError
+from models.variants import parse_group_sizes
 from scheduler import factory
 from scheduler.config import PROVISIONING
 
@@ -162,9 +163,15 @@ class ModelSettings:
     # prompt-lookup speculative decoding (docs/speculation.md): vLLM's --speculative-config,
     # a JSON string or mapping, parsed to a `SpecConfig`; None = off
     speculative_config: Any = None
+    # decoder layers per operator (None: the model's default split); or several sizes,
+    # "2,10": operators of the largest, and variant chains of the others chosen per plan
+    # (docs/granularity.md)
+    layers_per_group: int | None = None
+    layer_groups: Any = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lora", parse_lora(self.lora))
+        self._check_groups()
         try:
             object.__setattr__(self, "models", parse_models(self.models))
         except ModelEntryError as exc:
@@ -195,6 +202,22 @@ class ModelSettings:
         _require(self.max_model_len is None or (isinstance(self.max_model_len, int)
                                                 and self.max_model_len >= 2),
                  "model.max_model_len", "an integer >= 2")
+
+
+    def _check_groups(self) -> None:
+        _require(self.layers_per_group is None or (isinstance(self.layers_per_group, int)
+                                                    and self.layers_per_group >= 1),
+                 "model.layers_per_group", "an integer >= 1")
+        if self.layer_groups in ((), None, ""):
+            object.__setattr__(self, "layer_groups", ())
+            return
+        try:
+            object.__setattr__(self, "layer_groups", parse_group_sizes(self.layer_groups))
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"model.layer_groups: {exc}") from None
+        _require(self.layers_per_group is None, "model.layers_per_group",
+                 "unset with model.layer_groups (its largest size is the chain's)")
+        _require(not self.models, "model.layer_groups", "needs a one-model server")
 
 
 @dataclass(frozen=True, slots=True)
