@@ -5,7 +5,8 @@ A config file mirrors the tree (every key optional)::
     model:     {spec: default, served_model_name: null, dtype: bfloat16, max_model_len: null,
                 generation_config: auto, fim: auto, tool_parser: auto,
                 lora: {sql: /adapters/sql}, lora_reserve_gib: 0,   # docs/lora.md
-                speculative_config: null}   # vLLM's JSON: docs/speculation.md
+                speculative_config: null,   # vLLM's JSON: docs/speculation.md
+                layers_per_group: null, layer_groups: []}   # docs/granularity.md
     scheduler: {devices: "cpu:0,cpu:1", device_memory_gib: null, policy: slice,
                 ray_address: null}
     server:    {host: 127.0.0.1, port: 8000, drain_timeout_s: 30, request_timeout_s: 600,
