@@ -158,3 +158,21 @@ async def test_log_format_and_level_come_from_flags_and_are_validated() -> None:
         ServerSettings(log_format="xml")
     with pytest.raises(ConfigError, match="server.log_level"):
         ServerSettings(log_level="loud")
+
+
+async def test_operator_granularity_flags_and_keys(tmp_path: Path) -> None:
+    args = build_parser().parse_args(["serve", "--layer-groups", "2,10"])
+    assert config_from_args(args).model.layer_groups == (10, 2)
+    args = build_parser().parse_args(["serve", "--layers-per-group", "3"])
+    assert config_from_args(args).model.layers_per_group == 3
+    path = tmp_path / "c.yaml"
+    path.write_text("model: {layer_groups: [1, 4]}\n")
+    assert load_config(path).model.layer_groups == (4, 1)
+    for bad, key in (({"model.layers_per_group": 0}, "model.layers_per_group"),
+                     ({"model.layer_groups": "10"}, "model.layer_groups"),
+                     ({"model.layer_groups": "2,10", "model.layers_per_group": 5},
+                      "model.layers_per_group"),
+                     ({"model.layer_groups": "2,10", "model.models": ["a=default", "b=default"]},
+                      "model.layer_groups")):
+        with pytest.raises(ConfigError, match=key):
+            load_config(None, bad)
