@@ -49,6 +49,7 @@ _OVERRIDES = {
     "ray_address": "scheduler.ray_address",
     "provisioning": "scheduler.provisioning",
     "provision_interval_s": "scheduler.provision_interval_s",
+    "max_num_batched_tokens": "scheduler.max_batch_tokens",
     "tenants": "tenants_file", "host": "server.host",
     "port": "server.port", "drain_timeout": "server.drain_timeout_s",
     "request_timeout": "server.request_timeout_s", "log_level": "server.log_level",
@@ -100,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="operators of the largest size, and finer variant chains chosen per "
                         "plan where low work must fit between interactive steps, e.g. 2,10 "
                         "(docs/granularity.md)")
+    s.add_argument("--max-num-batched-tokens", type=int, metavar="N",
+                   help="prefill tokens in one plan; longer prompts run in chunks of N "
+                        "(default 2048)")
     s.add_argument("--devices", help="e.g. cuda:0,cuda:1 (default: every GPU, else cpu:0,cpu:1);"
                                      " with --ray-address NODE/cpu:0,NODE/cuda:0 (NODE: an IP "
                                      "address, node id or custom resource) or ray:all (default)")

@@ -8,7 +8,7 @@ A config file mirrors the tree (every key optional)::
                 speculative_config: null,   # vLLM's JSON: docs/speculation.md
                 layers_per_group: null, layer_groups: []}   # docs/granularity.md
     scheduler: {devices: "cpu:0,cpu:1", device_memory_gib: null, policy: slice,
-                ray_address: null}
+                ray_address: null, max_batch_tokens: null}
     server:    {host: 127.0.0.1, port: 8000, drain_timeout_s: 30, request_timeout_s: 600,
                 log_level: info, log_format: text}
     batch:     {data_dir: null, max_file_bytes: 104857600, max_file_lines: 50000}
@@ -243,6 +243,9 @@ class SchedulerSettings:
     ray_address: str | None = None  # a Ray cluster (or "auto"): devices are NODE/cpu:N, ...
     provisioning: str = "off"  # or "opscale" (operator replicas), "model" (whole replicas)
     provision_interval_s: float = 1.0  # how often `opscale` re-plans
+    # prefill tokens in one plan (a longer prompt runs in chunks of it); None: the scheduler's
+    # default (2048). vLLM's --max-num-batched-tokens (docs/granularity.md)
+    max_batch_tokens: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "devices", parse_devices(self.devices))
@@ -284,6 +287,11 @@ class SchedulerSettings:
                  and not isinstance(self.provision_interval_s, bool)
                  and self.provision_interval_s > 0, "scheduler.provision_interval_s",
                  "a positive number")
+        _require(self.max_batch_tokens is None or (isinstance(self.max_batch_tokens, int)
+                                                    and not isinstance(self.max_batch_tokens,
+                                                                       bool)
+                                                    and self.max_batch_tokens >= 16),
+                 "scheduler.max_batch_tokens", "an integer >= 16")
 
 
 @dataclass(frozen=True, slots=True)

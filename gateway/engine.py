@@ -170,6 +170,8 @@ def scheduler_config(s: SchedulerSettings, max_model_len: int,
                           prefix_caching=s.prefix_cache, provisioning=s.provisioning,
                           provision_interval_s=s.provision_interval_s,
                           lora_reserve_bytes=int(lora_reserve_gib * 2**30))
+    if s.max_batch_tokens is not None:
+        cfg = dataclasses.replace(cfg, max_batch_tokens=s.max_batch_tokens)
     return queue_bounds(cfg, s.max_queued_requests, s.max_queued_tokens)
 
 

@@ -251,7 +251,8 @@ def _bench_parser(b: argparse.ArgumentParser) -> None:
     b.add_argument("--sweep", default=None, metavar="NAME=FLAGS;...|granularity",
                    help="slice runs with flags of their own, e.g. 'lpg2=--layers-per-group 2;"
                         "adaptive=--layer-groups 2,10'; granularity: layers per operator 2, "
-                        "5, 10, 30 and adaptive 2,10 (loadgen/sweep.py)")
+                        "5, 10, 30 and adaptive 2,10; chunks: --max-num-batched-tokens 256 "
+                        "to 2048 (loadgen/sweep.py)")
     b.add_argument("--ready-timeout", type=float, default=600.0)
     b.add_argument("--peer-ready-timeout", type=float, default=1800.0)
     b.add_argument("--drain-timeout", type=float, default=60.0)

@@ -8,7 +8,9 @@ lands in the bench's tables beside the policies' and peers'. Written
 The ``granularity`` preset is issue 41's sensitivity analysis of operator granularity
 (docs/granularity.md) for a 30-layer model (the default, SmolLM2-135M): fixed groups of
 2, 5 (the default split), 10 and 30 layers per operator, and the adaptive setting that
-runs interactive work on 10-layer operators and chooses 2 or 10 per low plan.
+runs interactive work on 10-layer operators and chooses 2 or 10 per low plan. The
+``chunks`` preset sweeps the prefill chunk (`--max-num-batched-tokens`) at the default
+granularity.
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ PRESETS: dict[str, str] = {
     "granularity": ("lpg2=--layers-per-group 2;lpg5=--layers-per-group 5;"
                     "lpg10=--layers-per-group 10;lpg30=--layers-per-group 30;"
                     "adaptive-2-10=--layer-groups 2,10"),
+    # NOTE: the prefill chunk: prompt tokens in one plan (the default 2048 runs every
+    # prompt of the saturating mix whole)
+    "chunks": ("mbt256=--max-num-batched-tokens 256;mbt512=--max-num-batched-tokens 512;"
+               "mbt1024=--max-num-batched-tokens 1024;mbt2048=--max-num-batched-tokens 2048"),
 }
 
 

@@ -176,3 +176,13 @@ async def test_operator_granularity_flags_and_keys(tmp_path: Path) -> None:
                       "model.layer_groups")):
         with pytest.raises(ConfigError, match=key):
             load_config(None, bad)
+
+
+async def test_the_prefill_chunk_flag_reaches_the_scheduler() -> None:
+    args = build_parser().parse_args(["serve", "--max-num-batched-tokens", "512"])
+    config = config_from_args(args)
+    assert scheduler_config(config.scheduler, 2048).max_batch_tokens == 512
+    assert scheduler_config(GatewayConfig().scheduler, 2048).max_batch_tokens == 2048
+    for bad in (8, "512", True):
+        with pytest.raises(ConfigError, match="scheduler.max_batch_tokens"):
+            load_config(None, {"scheduler.max_batch_tokens": bad})

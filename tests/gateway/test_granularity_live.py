@@ -2,7 +2,9 @@
 interactive stream beside batch work, the same greedy answer whichever chain ran it.
 
 The real `python -m gateway serve` on the tiny random model (4 layers): `--layer-groups 1,2`
-runs the chain as 2 ops of 2 layers and offers low plans a variant of 4 ops of 1 layer.
+runs the chain as 2 ops of 2 layers and offers low plans a variant of 4 ops of 1 layer;
+`--max-num-batched-tokens 64` cuts the 120-token prompts into chunks, so one prompt's
+chunks may run at different granularities.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ OPS = {"embed", "head", "recv", "send", "layers[0:2]", "layers[2:4]",
 def server(tmp_path: Path) -> Iterator[GatewayProcess]:
     (tmp_path / "tenants.yaml").write_text(TENANTS)
     s = GatewayProcess(["--model", "tiny-random", "--dtype", "float32", "--layer-groups", "1,2",
+                        "--max-num-batched-tokens", "64",
                         "--device-memory-gib", "0.25", "--tenants",
                         str(tmp_path / "tenants.yaml"), "--log-level", "warning"],
                        tmp_path / "server.log")
@@ -67,6 +70,7 @@ async def test_both_classes_served_and_the_answer_does_not_depend_on_the_chain(
     await ide.close()
     await nightly.close()
     assert {d.choices[0].text for d in done} == {alone.choices[0].text}
+    assert alone.usage is not None and alone.usage.prompt_tokens > 64  # chunked
     timeline = httpx.get(f"{server.url}/admin/timeline", headers=ADMIN, timeout=10).json()
     names = {e["op"] for e in timeline["events"] if "op" in e}
     assert names and names <= OPS, names

@@ -18,6 +18,7 @@ def test_settings_and_the_granularity_preset_parse() -> None:
     preset = parse_sweep("granularity")
     assert [n for n, _ in preset] == ["lpg2", "lpg5", "lpg10", "lpg30", "adaptive-2-10"]
     assert preset[-1][1] == ("--layer-groups", "2,10") and "granularity" in PRESETS
+    assert parse_sweep("chunks")[0] == ("mbt256", ("--max-num-batched-tokens", "256"))
 
 
 @pytest.mark.parametrize("bad, problem", [
