@@ -129,16 +129,21 @@ class GraphTemplate:
 
     def op(self, index: int) -> OpTemplate:
         """The op of template index `index`, a variant's included."""
-        if index < len(self.ops):
+        i = index - len(self.ops)
+        if i < 0:
             return self.ops[index]
-        return self.all_ops[index]
+        for v in self.variants:
+            if i < len(v.ops):
+                return v.ops[i]
+            i -= len(v.ops)
+        raise IndexError(f"no op {index} in this template")
 
     def base_index(self, index: int) -> int:
         """The chain's op that runs op `index`'s layers (`index` itself for a chain op): a
         variant op runs where that op is placed, on the KV of its layers there."""
         if index < len(self.ops):
             return index
-        first = self.all_ops[index].layers.start
+        first = self.op(index).layers.start
         return next(o.index for o in self.ops if first in o.layers)
 
     @property

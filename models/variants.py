@@ -72,4 +72,3 @@ def variant_ops(template: GraphTemplate, chain_ops: Sequence[Op]) -> list[Op]:
             lo = t.layers.start - owner.template.layers.start
             out.append(replace(owner, template=t, layers=owner.layers[lo:lo + len(t.layers)]))
     return out
-

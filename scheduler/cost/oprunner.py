@@ -95,8 +95,11 @@ class ShapeRunner:
         for op in self.ops:
             if pause is not None:
                 pause()
-            if op.template.layers:
-                x = before.setdefault(op.template.layers.start, x)  # type: ignore[arg-type]
+            first = op.template.layers.start if op.template.layers else None
+            if first in before:
+                x = before[first]  # NOTE: a variant's op after the chain's: rewind
+            elif first is not None and x is not None:
+                before[first] = x
 
             def timed(op: Op = op, x: torch.Tensor | None = x) -> tuple[float, torch.Tensor]:
                 t0 = clock()

@@ -41,6 +41,9 @@ def test_a_variant_cuts_each_chain_group_and_numbers_its_ops_after_the_chain() -
     assert [o.name for o in t.chain("", 2)] == ["embed", "layers[0:2]", "layers[2:3]",
                                                  "layers[3:4]", "head"]
     assert [o.index for o in t.all_ops] == list(range(len(t.all_ops)))
+    assert all(t.op(i) is o for i, o in enumerate(t.all_ops))
+    with pytest.raises(IndexError):
+        t.op(len(t.all_ops))
     assert [t.base_index(o.index) for o in t.chain("", 2)] == [0, 1, 1, 2, 3]
     assert t.group_sizes == (3, 2)
     with pytest.raises(ValueError, match="not finer"):
