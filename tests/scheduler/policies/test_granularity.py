@@ -15,7 +15,6 @@ import re
 import torch
 
 from executors.types import Priority
-from models.batch import BatchShape
 from models.skeleton import skeleton
 from scheduler.policies.slice import SlicePolicy
 from scheduler.round.decision import RoundDecision
@@ -23,16 +22,10 @@ from scheduler.round.plan import Builder, Feed, Plan, sim_ops
 from scheduler.round.requestview import RequestView
 from scheduler.round.view import RoundView
 from tests.scheduler.cluster import CONFIG
-from tests.scheduler.conftest import xfer_time
+from tests.scheduler.conftest import layered_time, xfer_time
 from tests.scheduler.views import CFG, make_view, req, single
 
 LAYERS = re.compile(r"layers\[(\d+):(\d+)\]")
-
-
-def layered_time(device: str, name: str, shape: BatchShape) -> float:
-    if m := LAYERS.fullmatch(name):
-        return 1e-3 + 25e-6 * shape.num_tokens * (int(m[2]) - int(m[1]))
-    return 5e-4 + 1e-6 * shape.num_tokens
 
 
 def _builder() -> Builder:
