@@ -172,7 +172,6 @@ class ModelSettings:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lora", parse_lora(self.lora))
-        self._check_groups()
         try:
             object.__setattr__(self, "models", parse_models(self.models))
         except ModelEntryError as exc:
@@ -203,10 +202,13 @@ class ModelSettings:
         _require(self.max_model_len is None or (isinstance(self.max_model_len, int)
                                                 and self.max_model_len >= 2),
                  "model.max_model_len", "an integer >= 2")
-
+        self._check_groups()
 
     def _check_groups(self) -> None:
+        """`layers_per_group` and `layer_groups` (parsed, largest first): docs/granularity.md."""
         _require(self.layers_per_group is None or (isinstance(self.layers_per_group, int)
+                                                    and not isinstance(self.layers_per_group,
+                                                                       bool)
                                                     and self.layers_per_group >= 1),
                  "model.layers_per_group", "an integer >= 1")
         if self.layer_groups in ((), None, ""):

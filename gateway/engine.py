@@ -255,7 +255,8 @@ def load_models(config: GatewayConfig, threads: int) -> Model:
         return load(config.model.spec, dtype=config.model.dtype, threads=threads,
                     layers_per_group=config.model.layers_per_group,
                     layer_groups=config.model.layer_groups)
-    loaded = [(e.name, load(e.spec, dtype=e.dtype or config.model.dtype, threads=threads),
+    loaded = [(e.name, load(e.spec, dtype=e.dtype or config.model.dtype, threads=threads,
+                            layers_per_group=config.model.layers_per_group),
                e.devices) for e in config.model.models]
     first = loaded[0][1]
     for name, m, _ in loaded[1:]:

@@ -169,6 +169,7 @@ async def test_operator_granularity_flags_and_keys(tmp_path: Path) -> None:
     path.write_text("model: {layer_groups: [1, 4]}\n")
     assert load_config(path).model.layer_groups == (4, 1)
     for bad, key in (({"model.layers_per_group": 0}, "model.layers_per_group"),
+                     ({"model.layers_per_group": True}, "model.layers_per_group"),
                      ({"model.layer_groups": "10"}, "model.layer_groups"),
                      ({"model.layer_groups": "2,10", "model.layers_per_group": 5},
                       "model.layers_per_group"),
