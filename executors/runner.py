@@ -41,7 +41,7 @@ class ModelRunner:
         x = op.input.output if op.input is not None else None
         impl = self.replica_ops.get((op.device, op.template_index))
         if impl is None:
-            impl = self.model.ops_on(dev)[op.template_index]
+            impl = self.model.all_ops_on(dev)[op.template_index]
         return impl.run(op.batch.get(), x, self.kv.get(op.device))
 
     def _recv(self, op: OpInstance) -> torch.Tensor:
@@ -50,7 +50,7 @@ class ModelRunner:
         if not self.ledgers[op.device].try_reserve("activations", op.transfer_bytes):
             raise RecvNotReady(f"{op.device}: no room for {op.transfer_bytes} bytes")
         op.held_bytes = op.transfer_bytes
-        shape = self.model.template.ops[op.input.template_index].output_shape(op.shape)
+        shape = self.model.template.op(op.input.template_index).output_shape(op.shape)
         return torch.empty(shape, dtype=self.model.dtype,
                            device=self.devices[op.device].torch_device)
 

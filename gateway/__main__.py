@@ -37,6 +37,7 @@ _OVERRIDES = {
     "generation_config": "model.generation_config", "fim": "model.fim",
     "tool_parser": "model.tool_parser", "lora_reserve_gib": "model.lora_reserve_gib",
     "speculative_config": "model.speculative_config",
+    "layers_per_group": "model.layers_per_group", "layer_groups": "model.layer_groups",
     "devices": "scheduler.devices", "device_memory_gib": "scheduler.device_memory_gib",
     "cpu_threads": "scheduler.cpu_threads",
     "policy": "scheduler.policy", "kv_cache_gib": "scheduler.kv_cache_gib",
@@ -48,6 +49,7 @@ _OVERRIDES = {
     "ray_address": "scheduler.ray_address",
     "provisioning": "scheduler.provisioning",
     "provision_interval_s": "scheduler.provision_interval_s",
+    "max_num_batched_tokens": "scheduler.max_batch_tokens",
     "tenants": "tenants_file", "host": "server.host",
     "port": "server.port", "drain_timeout": "server.drain_timeout_s",
     "request_timeout": "server.request_timeout_s", "log_level": "server.log_level",
@@ -93,6 +95,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prompt-lookup speculative decoding, vLLM's flag: '{\"method\": "
                         "\"ngram\", \"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4}'"
                         " (docs/speculation.md)")
+    s.add_argument("--layers-per-group", type=int, metavar="N",
+                   help="decoder layers per operator (default: the layers in 6 groups)")
+    s.add_argument("--layer-groups", metavar="N,M",
+                   help="operators of the largest size, and finer variant chains chosen per "
+                        "plan where low work must fit between interactive steps, e.g. 2,10 "
+                        "(docs/granularity.md)")
+    s.add_argument("--max-num-batched-tokens", type=int, metavar="N",
+                   help="prefill tokens in one plan; longer prompts run in chunks of N "
+                        "(default 2048)")
     s.add_argument("--devices", help="e.g. cuda:0,cuda:1 (default: every GPU, else cpu:0,cpu:1);"
                                      " with --ray-address NODE/cpu:0,NODE/cuda:0 (NODE: an IP "
                                      "address, node id or custom resource) or ray:all (default)")

@@ -5,9 +5,10 @@ A config file mirrors the tree (every key optional)::
     model:     {spec: default, served_model_name: null, dtype: bfloat16, max_model_len: null,
                 generation_config: auto, fim: auto, tool_parser: auto,
                 lora: {sql: /adapters/sql}, lora_reserve_gib: 0,   # docs/lora.md
-                speculative_config: null}   # vLLM's JSON: docs/speculation.md
+                speculative_config: null,   # vLLM's JSON: docs/speculation.md
+                layers_per_group: null, layer_groups: []}   # docs/granularity.md
     scheduler: {devices: "cpu:0,cpu:1", device_memory_gib: null, policy: slice,
-                ray_address: null}
+                ray_address: null, max_batch_tokens: null}
     server:    {host: 127.0.0.1, port: 8000, drain_timeout_s: 30, request_timeout_s: 600,
                 log_level: info, log_format: text}
     batch:     {data_dir: null, max_file_bytes: 104857600, max_file_lines: 50000}
@@ -39,6 +40,7 @@ from gateway.speculation import parse_setting
 from gateway.tenants import TenantsConfig, load_tenants
 from gateway.tools.formats import parse_tool_parser_setting
 from gateway.transport import CorsSettings, TlsSettings, TransportError
+from models.variants import parse_group_sizes
 from scheduler import factory
 from scheduler.config import PROVISIONING
 
@@ -162,6 +164,11 @@ class ModelSettings:
     # prompt-lookup speculative decoding (docs/speculation.md): vLLM's --speculative-config,
     # a JSON string or mapping, parsed to a `SpecConfig`; None = off
     speculative_config: Any = None
+    # decoder layers per operator (None: the model's default split); or several sizes,
+    # "2,10": operators of the largest, and variant chains of the others chosen per plan
+    # (docs/granularity.md)
+    layers_per_group: int | None = None
+    layer_groups: Any = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lora", parse_lora(self.lora))
@@ -195,6 +202,25 @@ class ModelSettings:
         _require(self.max_model_len is None or (isinstance(self.max_model_len, int)
                                                 and self.max_model_len >= 2),
                  "model.max_model_len", "an integer >= 2")
+        self._check_groups()
+
+    def _check_groups(self) -> None:
+        """`layers_per_group` and `layer_groups` (parsed, largest first): docs/granularity.md."""
+        _require(self.layers_per_group is None or (isinstance(self.layers_per_group, int)
+                                                    and not isinstance(self.layers_per_group,
+                                                                       bool)
+                                                    and self.layers_per_group >= 1),
+                 "model.layers_per_group", "an integer >= 1")
+        if self.layer_groups in ((), None, ""):
+            object.__setattr__(self, "layer_groups", ())
+            return
+        try:
+            object.__setattr__(self, "layer_groups", parse_group_sizes(self.layer_groups))
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"model.layer_groups: {exc}") from None
+        _require(self.layers_per_group is None, "model.layers_per_group",
+                 "unset with model.layer_groups (its largest size is the chain's)")
+        _require(not self.models, "model.layer_groups", "needs a one-model server")
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +245,9 @@ class SchedulerSettings:
     ray_address: str | None = None  # a Ray cluster (or "auto"): devices are NODE/cpu:N, ...
     provisioning: str = "off"  # or "opscale" (operator replicas), "model" (whole replicas)
     provision_interval_s: float = 1.0  # how often `opscale` re-plans
+    # prefill tokens in one plan (a longer prompt runs in chunks of it); None: the scheduler's
+    # default (2048). vLLM's --max-num-batched-tokens (docs/granularity.md)
+    max_batch_tokens: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "devices", parse_devices(self.devices))
@@ -260,6 +289,11 @@ class SchedulerSettings:
                  and not isinstance(self.provision_interval_s, bool)
                  and self.provision_interval_s > 0, "scheduler.provision_interval_s",
                  "a positive number")
+        _require(self.max_batch_tokens is None or (isinstance(self.max_batch_tokens, int)
+                                                    and not isinstance(self.max_batch_tokens,
+                                                                       bool)
+                                                    and self.max_batch_tokens >= 16),
+                 "scheduler.max_batch_tokens", "an integer >= 16")
 
 
 @dataclass(frozen=True, slots=True)

@@ -170,6 +170,8 @@ def scheduler_config(s: SchedulerSettings, max_model_len: int,
                           prefix_caching=s.prefix_cache, provisioning=s.provisioning,
                           provision_interval_s=s.provision_interval_s,
                           lora_reserve_bytes=int(lora_reserve_gib * 2**30))
+    if s.max_batch_tokens is not None:
+        cfg = dataclasses.replace(cfg, max_batch_tokens=s.max_batch_tokens)
     return queue_bounds(cfg, s.max_queued_requests, s.max_queued_tokens)
 
 
@@ -195,7 +197,11 @@ def build_engine(config: GatewayConfig) -> Engine:
         if config.model.models:
             raise ValueError("several models in one server are not supported on Ray "
                              "executors yet (docs/models.md)")
-        model = load(config.model.spec, dtype=config.model.dtype, threads=cpu_threads(1))
+        if config.model.layer_groups:
+            raise ValueError("--layer-groups is not supported on Ray executors yet "
+                             "(docs/granularity.md)")
+        model = load(config.model.spec, dtype=config.model.dtype, threads=cpu_threads(1),
+                     layers_per_group=config.model.layers_per_group)
         # NOTE: the actors load their own models; adapters would not reach them
         adapters = startup_adapters(NoAdapters("LoRA adapters are not supported on Ray "
                                                "executors yet"), config.model.lora,
@@ -203,6 +209,9 @@ def build_engine(config: GatewayConfig) -> Engine:
         cfg = scheduler_config(config.scheduler, _max_len(model, config))
         return _capped(model, ray_scheduler(model, config, cfg, device_memory_gib(config)),
                        config, adapters)
+    if config.model.layer_groups and config.scheduler.provisioning != "off":
+        raise ValueError("--layer-groups needs --provisioning off: replicas hold the chain's "
+                         "operators only (docs/granularity.md)")
     devices = parse_devices(list(config.scheduler.devices), device_memory_gib(config))
     # NOTE: kernels are chosen and operators profiled for the intra-op threads the CPU
     # executors will run on
@@ -243,8 +252,11 @@ def load_models(config: GatewayConfig, threads: int) -> Model:
     """The model of `model.spec`, or the set of `model.models` (models/modelset.py).
     ValueError for models of one server whose tokenizers' vocabularies differ."""
     if not config.model.models:
-        return load(config.model.spec, dtype=config.model.dtype, threads=threads)
-    loaded = [(e.name, load(e.spec, dtype=e.dtype or config.model.dtype, threads=threads),
+        return load(config.model.spec, dtype=config.model.dtype, threads=threads,
+                    layers_per_group=config.model.layers_per_group,
+                    layer_groups=config.model.layer_groups)
+    loaded = [(e.name, load(e.spec, dtype=e.dtype or config.model.dtype, threads=threads,
+                            layers_per_group=config.model.layers_per_group),
                e.devices) for e in config.model.models]
     first = loaded[0][1]
     for name, m, _ in loaded[1:]:

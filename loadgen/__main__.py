@@ -49,6 +49,7 @@ def _replay(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     from loadgen.bench import BenchConfig, run_bench
+    from loadgen.sweep import parse_sweep
 
     tpot_ms, tpot_factor = _tpot_slo(args.tpot_slo_ms)
     config = BenchConfig.for_recipe(
@@ -65,13 +66,15 @@ def _bench(args: argparse.Namespace) -> int:
         serve_args=tuple(args.serve_arg), ready_timeout_s=args.ready_timeout,
         no_cache_policies=_no_cache(args.no_cache_runs),
         peer_ready_timeout_s=args.peer_ready_timeout, drain_timeout_s=args.drain_timeout,
-        request_timeout_s=args.request_timeout, warmup_requests=args.warmup)
+        request_timeout_s=args.request_timeout, warmup_requests=args.warmup,
+        sweep=parse_sweep(args.sweep) if args.sweep else None)
     doc = run_bench(config, "python -m loadgen " + shlex.join(sys.argv[1:]))
     print((config.out / "bench.md").read_text())
     print(f"wrote {config.out}/bench.json, bench.md, plots and runs/", file=sys.stderr)
     if doc["interrupted"]:
         return EXIT_INTERRUPTED
-    failed = [p for p in config.policies if doc["runs"].get(p, {}).get("status") != "ok"]
+    failed = [p for p in (*config.policies, *(n for n, _ in config.sweep))
+              if doc["runs"].get(p, {}).get("status") != "ok"]
     return 1 if failed else 0
 
 
@@ -245,6 +248,11 @@ def _bench_parser(b: argparse.ArgumentParser) -> None:
                    help="command that starts slicegate (default: PYTHON -m gateway serve)")
     b.add_argument("--serve-arg", action="append", default=[],
                    help="extra flag for every slicegate run (repeatable)")
+    b.add_argument("--sweep", default=None, metavar="NAME=FLAGS;...|granularity",
+                   help="slice runs with flags of their own, e.g. 'lpg2=--layers-per-group 2;"
+                        "adaptive=--layer-groups 2,10'; granularity: layers per operator 2, "
+                        "5, 10, 30 and adaptive 2,10; chunks: --max-num-batched-tokens 256 "
+                        "to 2048 (loadgen/sweep.py)")
     b.add_argument("--ready-timeout", type=float, default=600.0)
     b.add_argument("--peer-ready-timeout", type=float, default=1800.0)
     b.add_argument("--drain-timeout", type=float, default=60.0)

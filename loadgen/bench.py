@@ -51,6 +51,7 @@ from loadgen.servers import (
     peer_spec,
     slicegate_command,
 )
+from loadgen.sweep import Setting, sweep_lines
 from loadgen.traces import TraceRequest
 from loadgen.workload import TenantSpec, parse_source, plan_arrivals
 
@@ -94,10 +95,14 @@ class BenchConfig:
     warmup_requests: int = 2  # per tenant and run, before the clock starts
     # policies run once more with --no-prefix-cache; None: slice under the mooncake recipe
     no_cache_policies: tuple[str, ...] | None = None
+    sweep: tuple[Setting, ...] = ()  # slice runs with flags of their own (loadgen/sweep.py)
 
     def __post_init__(self) -> None:
-        if not self.policies and not self.peers:
-            raise ValueError("nothing to run: give --policies and/or --peers")
+        if not self.policies and not self.peers and not self.sweep:
+            raise ValueError("nothing to run: give --policies, --peers and/or --sweep")
+        if clash := {n for n, _ in self.sweep} & {*self.policies, *self.peers,
+                                                 self.alone_run}:
+            raise ValueError(f"sweep run names must differ from the other runs': {clash}")
         for peer in self.peers:
             if peer not in ("vllm", "transformers"):
                 raise ValueError(f"unknown peer {peer!r} (known: vllm, transformers)")
@@ -189,6 +194,8 @@ def run_bench(config: BenchConfig, command: str = "") -> dict[str, Any]:
         slo_s, slo_source, alone_p90 = _measure_slo(bench)
         for policy in config.policies:
             _slicegate_run(bench, policy, bench.tenants(), slo_s)
+        for name, flags in config.sweep:
+            _slicegate_run(bench, "slice", bench.tenants(), slo_s, name=name, extra=flags)
         for policy in config.no_cache_runs:
             _slicegate_run(bench, policy, bench.tenants(), slo_s, name=policy + NO_CACHE,
                            extra=("--no-prefix-cache",))
@@ -362,13 +369,15 @@ def _write(bench: _Bench, slo_s: float | None, slo_source: str, alone_p90: float
         "interrupted": bench.interrupted,
         "runs": {name: o.to_json() for name, o in bench.outcomes.items()},
     }
-    runs = [*config.policies, *(p + NO_CACHE for p in config.no_cache_runs)]
+    runs = [*config.policies, *(n for n, _ in config.sweep),
+            *(p + NO_CACHE for p in config.no_cache_runs)]
     section: list[str] = []
     if recipe_defaults(config.recipe).ratios_to == PEER:
         saturating = saturating_summary(
             bench.outcomes, [config.alone_run, *runs, *config.peers], config.alone_run)
         doc["saturating"] = saturating
         section = saturating_lines(saturating, slo_s)
+    section += sweep_lines(config.sweep)
     (config.out / "bench.json").write_text(json.dumps(doc, indent=2) + "\n")
     markdown = format_bench_markdown(doc, bench.outcomes, runs, config.peers, section)
     (config.out / "bench.md").write_text(markdown)

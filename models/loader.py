@@ -22,6 +22,7 @@ from models.lora import AdapterSet
 from models.ops import EmbedOp, HeadOp, LayerGroupOp, Op
 from models.steps import startup_step
 from models.template import GraphTemplate, OpKind, OpTemplate
+from models.variants import variant_ops, variant_templates
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +45,9 @@ class Model:
     ops: list[Op]
     kernels: KernelChoice = PORTABLE  # what the CPU operators run (`models.tuning`)
     _on_device: dict[str, list[Op]] = field(default_factory=dict, repr=False)
+    # the ops of the template's variant chains (models/variants.py), after `ops` by index
+    variant_ops: list[Op] = field(default_factory=list, repr=False)
+    _all_on_device: dict[str, list[Op]] = field(default_factory=dict, repr=False)
     # its LoRA adapters, added and removed at run time; every layer op (and copy) reads them
     adapters: AdapterSet = field(init=False, repr=False)
 
@@ -81,6 +85,19 @@ class Model:
         if key not in self._on_device:
             self._on_device[key] = [op.to(device) for op in self.ops]
         return self._on_device[key]
+
+    def all_ops_on(self, device: torch.device) -> list[Op]:
+        """`ops_on(device)` then the variants' ops on it, indexed by template index (what an
+        executor runs). A variant op holds the layer weights of the chain's op on `device`."""
+        if not self.variant_ops:
+            return self.ops_on(device)
+        key = str(device)
+        if key not in self._all_on_device:
+            chain = self.ops_on(device)
+            same = chain is self.ops
+            extra = self.variant_ops if same else variant_ops(self.template, chain)
+            self._all_on_device[key] = [*chain, *extra]
+        return self._all_on_device[key]
 
     def new_kv_cache(self, num_blocks: int, block_size: int = 16, layers: range | None = None,
                      device: torch.device | None = None) -> KVCache:
@@ -201,8 +218,12 @@ def layer_weights(ops: list[Op]) -> list[LayerWeights]:
 def load(spec: str | Path, dtype: str | torch.dtype | None = None,
          device: torch.device | str = "cpu", layers_per_group: int | None = None,
          kernel_choice: KernelChoice | None = None, threads: int = 1,
-         retune: bool = False) -> Model:
+         retune: bool = False, layer_groups: tuple[int, ...] = ()) -> Model:
     """Load a model and split it into operators (see `models.template`).
+
+    `layer_groups` (at least two sizes; `models.variants.parse_group_sizes`): the chain
+    groups the largest number of layers per operator, and each smaller size is a variant
+    chain over the same weights (`models.variants`); it overrides `layers_per_group`.
 
     On a CPU device the operators run the kernels measured fastest on this
     machine for `threads` intra-op threads (`models.tuning`, cached on disk;
@@ -211,7 +232,10 @@ def load(spec: str | Path, dtype: str | torch.dtype | None = None,
     keep_heap_pages()
     path = resolve(str(spec))
     with startup_step(logger, f"loading model {spec} from {path}") as step:
-        model = _load(spec, path, dtype, device, layers_per_group, kernel_choice, threads, retune)
+        k = max(layer_groups) if layer_groups else layers_per_group
+        model = _load(spec, path, dtype, device, k, kernel_choice, threads, retune)
+        if layer_groups:
+            with_variants(model, layer_groups)
         step.result = f"{model.config.num_layers} layers, {model.dtype}, on {model.device}"
     return model
 
@@ -235,3 +259,13 @@ def _load(spec: str | Path, path: Path, dtype: str | torch.dtype | None,
         ops = kernels.apply(ops, choice, cfg.tie_word_embeddings)
     template = GraphTemplate(tuple(op.template for op in ops), k)
     return Model(str(spec), path, cfg, hf, dt, dev, template, ops, choice)
+
+
+def with_variants(model: Model, sizes: tuple[int, ...]) -> Model:
+    """`model` given a variant chain for each of `sizes` finer than its own groups (in
+    place; `models.variants`). ValueError for a size that is not finer."""
+    finer = tuple(k for k in sizes if k != model.template.layers_per_group)
+    model.template = variant_templates(model.template, finer)
+    model.variant_ops = variant_ops(model.template, model.ops)
+    model._all_on_device.clear()
+    return model

@@ -15,6 +15,7 @@ from transformers import PretrainedConfig
 from models.config import ModelConfig
 from models.loader import Model, default_layers_per_group
 from models.template import GraphTemplate, OpKind, OpTemplate
+from models.variants import variant_templates
 
 
 def _layer_params(c: ModelConfig) -> int:
@@ -37,10 +38,15 @@ def skeleton_template(c: ModelConfig, itemsize: int, layers_per_group: int) -> G
 
 
 def skeleton(config: ModelConfig, dtype: torch.dtype = torch.float32,
-             layers_per_group: int | None = None, name: str = "skeleton") -> Model:
-    """A `Model` with `config`'s template and KV layout, and no weights (see the module doc)."""
-    k = layers_per_group or default_layers_per_group(config.num_layers)
+             layers_per_group: int | None = None, name: str = "skeleton",
+             layer_groups: tuple[int, ...] = ()) -> Model:
+    """A `Model` with `config`'s template and KV layout, and no weights (see the module doc);
+    `layer_groups` as `models.load` takes them (variant chains, `models.variants`)."""
+    k = max(layer_groups) if layer_groups else (
+        layers_per_group or default_layers_per_group(config.num_layers))
     itemsize = torch.empty((), dtype=dtype).element_size()
     template = skeleton_template(config, itemsize, k)
+    if layer_groups:
+        template = variant_templates(template, tuple(g for g in layer_groups if g != k))
     return Model(name, Path(name), config, PretrainedConfig(), dtype, torch.device("cpu"),
                  template, [])

@@ -74,6 +74,16 @@ class OpTemplate:
 
 
 @dataclass(frozen=True, slots=True)
+class Variant:
+    """The decoder layers of a one-model chain grouped `group_size` at a time
+    (models/variants.py): layer-group ops numbered after the chain's own ops, each inside
+    one of the chain's groups, running the same layer weights on the same KV."""
+
+    group_size: int
+    ops: tuple[OpTemplate, ...]  # OpKind.LAYERS only, in layer order
+
+
+@dataclass(frozen=True, slots=True)
 class GraphTemplate:
     """A model registered once: its operator chain. Instantiated per batch by the scheduler."""
 
@@ -82,16 +92,59 @@ class GraphTemplate:
     # several models' chains laid end to end (models/modelset.py): (model, first index,
     # end index) each; empty for one model, whose chain is every op
     chains: tuple[tuple[str, int, int], ...] = ()
+    # the chain's layers in finer groups (models/variants.py), finest first; empty: none
+    variants: tuple[Variant, ...] = ()
 
-    def chain(self, model: str = "") -> tuple[OpTemplate, ...]:
+    def chain(self, model: str = "", group_size: int | None = None) -> tuple[OpTemplate, ...]:
         """The operators of `model`'s chain: every op of a one-model template; of a model
-        set, that member's (the first for "")."""
+        set, that member's (the first for ""). With `group_size` of a variant: the chain's
+        embedding, that variant's layer groups and the chain's head."""
+        if group_size is not None and group_size != self.layers_per_group:
+            v = self.variant(group_size)
+            return (self.ops[0], *v.ops, self.ops[-1])
         if not self.chains:
             return self.ops
         for name, start, stop in self.chains:
             if name == model or not model:
                 return self.ops[start:stop]
         raise KeyError(f"no model {model!r} in this template")
+
+    def variant(self, group_size: int) -> Variant:
+        for v in self.variants:
+            if v.group_size == group_size:
+                return v
+        raise KeyError(f"no variant of {group_size} layers per group in this template")
+
+    @property
+    def group_sizes(self) -> tuple[int, ...]:
+        """Layers per group of every chain a plan may run, coarsest (the chain's own) first."""
+        return (self.layers_per_group, *sorted((v.group_size for v in self.variants),
+                                               reverse=True))
+
+    @property
+    def all_ops(self) -> tuple[OpTemplate, ...]:
+        """The chain's ops, then every variant's: `all_ops[i].index == i` (what executors
+        index their operators by)."""
+        return self.ops + tuple(o for v in self.variants for o in v.ops)
+
+    def op(self, index: int) -> OpTemplate:
+        """The op of template index `index`, a variant's included."""
+        i = index - len(self.ops)
+        if i < 0:
+            return self.ops[index]
+        for v in self.variants:
+            if i < len(v.ops):
+                return v.ops[i]
+            i -= len(v.ops)
+        raise IndexError(f"no op {index} in this template")
+
+    def base_index(self, index: int) -> int:
+        """The chain's op that runs op `index`'s layers (`index` itself for a chain op): a
+        variant op runs where that op is placed, on the KV of its layers there."""
+        if index < len(self.ops):
+            return index
+        first = self.op(index).layers.start
+        return next(o.index for o in self.ops if first in o.layers)
 
     @property
     def models(self) -> tuple[str, ...]:

@@ -537,7 +537,7 @@ class Scheduler(Components):
     def _chunk_done(self, plan: Plan, index: int, final: OpInstance) -> None:
         chunk = plan.chunks[index]
         now = self.clock()
-        head = self.model.template.ops[final.template_index].kind is OpKind.HEAD
+        head = self.model.template.op(final.template_index).kind is OpKind.HEAD
         runs = self._runs(chunk, final.output) if head else {}
         for f in chunk:
             if (s := self.states.get(f.rid)) is not None:

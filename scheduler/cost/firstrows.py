@@ -84,7 +84,7 @@ class FirstRows:
         is observed later (its estimate without the charge kept for that)."""
         for op in ops:
             if (op.role is not OpRole.COMPUTE
-                    or template.ops[op.template_index].kind is not OpKind.LAYERS):
+                    or template.op(op.template_index).kind is not OpKind.LAYERS):
                 continue
             rows = self.rows(op.shape)
             if "cpu" in op.device and rows not in self.seen:

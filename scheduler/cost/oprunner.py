@@ -56,10 +56,13 @@ class ShapeRunner:
     """Runs the operator chain of `model` on one device for batches of given shapes."""
 
     def __init__(self, model: Model, device: torch.device, cases: Sequence[Case],
-                 block_size: int = 16, clock: Clock = time.perf_counter) -> None:
+                 block_size: int = 16, clock: Clock = time.perf_counter,
+                 variants: bool = False) -> None:
         self.model, self.device, self.block_size = model, device, block_size
         self.clock = clock
-        self.ops = model.ops_on(device)
+        # NOTE: with `variants`, the variant chains' ops too (models/variants.py), in template
+        # index order: each layer group is fed what its first layer takes in the chain
+        self.ops = model.all_ops_on(device) if variants else model.ops_on(device)
         need = max(sum(blocks_for(n + p, block_size) for n, p in zip(*c, strict=True))
                    for c in cases)
         self.kv: KVCache = model.new_kv_cache(need, block_size, device=device)
@@ -88,9 +91,15 @@ class ShapeRunner:
         times: list[float] = []
         x: torch.Tensor | None = None
         clock = self.clock
+        before: dict[int, torch.Tensor] = {}  # layer -> the input of that layer
         for op in self.ops:
             if pause is not None:
                 pause()
+            first = op.template.layers.start if op.template.layers else None
+            if first in before:
+                x = before[first]  # NOTE: a variant's op after the chain's: rewind
+            elif first is not None and x is not None:
+                before[first] = x
 
             def timed(op: Op = op, x: torch.Tensor | None = x) -> tuple[float, torch.Tensor]:
                 t0 = clock()

@@ -103,7 +103,7 @@ def fallback_coefficients(template: GraphTemplate, bandwidth_bytes_s: float,
     """op name -> coefficients over `OP_FEATURES` for a device kind never profiled: its FLOPs
     at `flops_per_s` plus its weight and KV bytes read at `bandwidth_bytes_s` (conservative
     rates; the fit replaces them once the kind is profiled)."""
-    ops = {t.name: t for t in template.ops}
+    ops = {t.name: t for t in template.all_ops}
 
     def coef(name: str) -> tuple[float, ...]:
         t = ops[name]
@@ -152,9 +152,9 @@ def fit_kind(est: Estimators, model: Model, kind: str, device: str, sweep: Sweep
     `on_device` runs each timed op (a re-profile's: on the device's executor thread)."""
     est.native_rows = native_rows(model)
     runner = ShapeRunner(model, Device(device, 1).torch_device, sweep.cases(),
-                         sweep.block_size, clock)
+                         sweep.block_size, clock, variants=True)
     samples = runner.sample_all(sweep.cases(), sweep.repeats, pause, on_device)
-    for i, t in enumerate(model.template.ops):
+    for i, t in enumerate(model.template.all_ops):
         fitted = est.fit_op(kind, t.name, [s.shape for s in samples],
                             [s.median(i) for s in samples])
         fitted.sample_cov = statistics.fmean(s.cov(i) for s in samples)
@@ -198,12 +198,16 @@ def cache_key(model: Model, names: Sequence[str], kinds: dict[str, str], sweep: 
     the kernels the CPU operators run (`models.tuning`) and the build of the native ones,
     torch, the threads and the sweep."""
     pairs = sorted(list(p) for p in _pairs(names, kinds))
-    return {"model": str(Path(model.path).resolve()), "dtype": str(model.dtype),
-            "layers_per_group": model.template.layers_per_group,
-            "kernels": model.kernels.to_dict(), "native": native.build_id(),
-            "kinds": sorted(set(kinds[n] for n in names)), "pairs": pairs,
-            "num_devices": len(names), "torch": torch.__version__, "threads": threads,
-            "sweep": asdict(sweep), "version": SWEEP_VERSION}
+    key: dict[str, object] = {
+        "model": str(Path(model.path).resolve()), "dtype": str(model.dtype),
+        "layers_per_group": model.template.layers_per_group,
+        "kernels": model.kernels.to_dict(), "native": native.build_id(),
+        "kinds": sorted(set(kinds[n] for n in names)), "pairs": pairs,
+        "num_devices": len(names), "torch": torch.__version__, "threads": threads,
+        "sweep": asdict(sweep), "version": SWEEP_VERSION}
+    if model.template.variants:  # NOTE: only then, so that other keys stay as they were
+        key["layer_groups"] = list(model.template.group_sizes)
+    return key
 
 
 def cache_path(key: dict[str, object], cache_dir: Path | None = None) -> Path:

@@ -9,6 +9,7 @@ from functools import partial
 
 from executors.types import Priority
 from models.batch import BatchShape
+from models.template import OpKind
 from scheduler.policies.common import fair_order, placed, prefill_feed
 from scheduler.policies.pace import tightest_tpot_s
 from scheduler.policies.scoring import harmless, prefilling
@@ -48,12 +49,52 @@ def _fill_low(draft: Draft, device: str, going: list[RequestView]) -> None:
 
     Its requests' unfinished prompts first, then waiting requests whose KV fits. The
     plan is issued only if harmless; if the packed plan is not, its first feed alone.
+    With variant chains (models/variants.py), one such plan per granularity, each packed
+    to its own budget, tried by predicted tokens per second (`_rate`): where the bound on
+    one op is loose, coarse ops carry as many tokens with fewer hand-offs; where it is
+    tight (an interactive step is due soon), fine ops carry more tokens within it.
     """
     placement = going[0].placement if going else placed(draft.view, draft.load, device)
     if placement is None or placement[0] != device:
         return  # NOTE: no replica of the first operator here; its holder fills itself
     going = [r for r in going if r.placement == placement]
-    budget = _lp_budget(draft, device, max((r.num_computed for r in going), default=0))
+    past = max((r.num_computed for r in going), default=0)
+    options = []
+    for size in _group_sizes(draft):
+        feeds, newcomers = _pack(draft, placement, going,
+                                 _lp_budget(draft, device, past, size))
+        if feeds:
+            options.append((size, feeds, newcomers))
+    if len(options) > 1:
+        options.sort(key=lambda o: -_rate(draft, placement, o[1], o[0]))
+    for size, feeds, newcomers in options:
+        for trial in ([feeds, feeds[:1]] if len(feeds) > 1 else [feeds]):
+            try_it = partial(_try_low, draft, placement, trial, newcomers, size)
+            if draft.attempt([f.rid for f in trial], try_it):
+                return
+    if options:
+        draft.hold_back()
+
+
+def _group_sizes(draft: Draft) -> tuple[int | None, ...]:
+    """The granularities a low plan may run at, coarsest first (None: the model's own)."""
+    template = draft.view.builder.template
+    return (None, *template.group_sizes[1:]) if template.variants else (None,)
+
+
+def _rate(draft: Draft, placement: Placement, feeds: list[Feed],
+          group_size: int | None) -> float:
+    """Prompt tokens per second of a low plan run alone: its tokens over the estimates of
+    its ops (a plan of one device runs them one after another)."""
+    plan = draft.view.builder.build(Plan(Priority.LOW, placement, [feeds],
+                                         group_size=group_size))
+    return plan.num_tokens() / max(1e-9, sum(op.est_s for op in plan.ops))
+
+
+def _pack(draft: Draft, placement: Placement, going: list[RequestView],
+          budget: int) -> tuple[list[Feed], set[str]]:
+    """Feeds of at most `budget` tokens: `going`'s prompts, then waiting requests whose KV
+    fits (those admitted by the plan: the second set)."""
     feeds: list[Feed] = []
     used, blocks = 0, 0
     newcomers: set[str] = set()
@@ -73,19 +114,13 @@ def _fill_low(draft: Draft, device: str, going: list[RequestView]) -> None:
         newcomers.add(r.rid)
         feeds.append(prefill_feed(draft.on(r, placement), budget - used))
         used += feeds[-1].num_tokens
-    for trial in ([feeds, feeds[:1]] if len(feeds) > 1 else [feeds]):
-        if not trial:
-            continue
-        try_it = partial(_try_low, draft, placement, trial, newcomers)
-        if draft.attempt([f.rid for f in trial], try_it):
-            return
-    if feeds:
-        draft.hold_back()
+    return feeds, newcomers
 
 
 def _try_low(draft: Draft, placement: Placement, feeds: list[Feed],
-             newcomers: set[str]) -> bool:
-    plan = draft.view.builder.build(Plan(Priority.LOW, placement, [feeds]))
+             newcomers: set[str], group_size: int | None = None) -> bool:
+    plan = Plan(Priority.LOW, placement, [feeds], group_size=group_size)
+    plan = draft.view.builder.build(plan)
     if not harmless(draft, plan):
         return False
     for f in feeds:
@@ -95,15 +130,17 @@ def _try_low(draft: Draft, placement: Placement, feeds: list[Feed],
     return True
 
 
-def _lp_budget(draft: Draft, device: str, past: int) -> int:
+def _lp_budget(draft: Draft, device: str, past: int, group_size: int | None = None) -> int:
     """Most prefill tokens in one low-priority plan: its slowest layer group must stay
     within a fraction of the tightest SLO (a high-priority op waits at most that), and
-    within `TPOT_OP_FRACTION` of the tightest TPOT SLO seen (`pace.tightest_tpot_s`)."""
+    within `TPOT_OP_FRACTION` of the tightest TPOT SLO seen (`pace.tightest_tpot_s`).
+    `group_size`: the granularity the plan runs at (None: the model's own)."""
     view = draft.view
     bound = view.cfg.lp_op_slo_fraction * _tightest_slo(draft)
     if (tpot := tightest_tpot_s(draft)) is not None:
         bound = min(bound, TPOT_OP_FRACTION * tpot)
-    group = view.builder.template.layer_groups[0].name
+    group = next(t.name for t in view.builder.template.chain("", group_size)
+                 if t.kind is OpKind.LAYERS)
     lo, hi = view.cfg.min_lp_chunk_tokens, view.cfg.max_batch_tokens
     while lo < hi:
         mid = (lo + hi + 1) // 2

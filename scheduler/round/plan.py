@@ -72,6 +72,8 @@ class Plan:
     first_tokens: dict[int, tuple[str, ...]] = field(default_factory=dict)  # op id -> requests
     # whose first token that op (a chunk's head) samples
     predicted_first_token_s: float | None = None  # the policy's prediction, when it simulated
+    # layers per operator of the chain it runs (models/variants.py); None: the model's own
+    group_size: int | None = None
     candidate: Candidate | None = field(default=None, repr=False)  # its simulator records
     cancelled: bool = False  # its only request was aborted; queued ops were withdrawn
 
@@ -108,6 +110,15 @@ class Builder:
     xfer_time: XferTime
     first_rows: FirstRows | None = None  # charges first runs at new row counts (CPU)
     ids: itertools.count = field(default_factory=itertools.count)
+    _bases: dict[int, int] = field(default_factory=dict)  # variant op -> its chain op
+
+    def _base(self, index: int) -> int:
+        """The placement index of template op `index` (a variant op's chain op)."""
+        if index < len(self.template.ops):
+            return index
+        if index not in self._bases:
+            self._bases[index] = self.template.base_index(index)
+        return self._bases[index]
 
     def _op(self, plan: Plan, role: OpRole, index: int, name: str, device: str,
             shape: BatchShape, rids: tuple[str, ...]) -> OpInstance:
@@ -116,7 +127,7 @@ class Builder:
         return op
 
     def _transfer(self, plan: Plan, src: OpInstance, dst: str) -> tuple[OpInstance, OpInstance]:
-        t = self.template.ops[src.template_index]
+        t = self.template.op(src.template_index)
         nbytes = t.output_bytes(src.shape)
         recv = self._op(plan, OpRole.RECV, -1, "recv", dst, src.shape, src.request_ids)
         send = self._op(plan, OpRole.SEND, -1, "send", src.device, src.shape, src.request_ids)
@@ -148,11 +159,11 @@ class Builder:
         shape = shape_of_chunk(chunk)
         mine: dict[int, OpInstance] = {}
         prev: OpInstance | None = None
-        for t in self.template.chain(chunk[0].req.model):
+        for t in self.template.chain(chunk[0].req.model, plan.group_size):
             if (t.kind is OpKind.HEAD and shape.num_sampled == 0
                     and not any(f.scores_prompt for f in chunk)):
                 break
-            dev = plan.placement[t.index]
+            dev = plan.placement[self._base(t.index)]
             op = self._op(plan, OpRole.COMPUTE, t.index, t.name, dev, shape, rids)
             deps: list[OpInstance] = []
             if prev is not None and prev.device != dev:

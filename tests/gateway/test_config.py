@@ -158,3 +158,32 @@ async def test_log_format_and_level_come_from_flags_and_are_validated() -> None:
         ServerSettings(log_format="xml")
     with pytest.raises(ConfigError, match="server.log_level"):
         ServerSettings(log_level="loud")
+
+
+async def test_operator_granularity_flags_and_keys(tmp_path: Path) -> None:
+    args = build_parser().parse_args(["serve", "--layer-groups", "2,10"])
+    assert config_from_args(args).model.layer_groups == (10, 2)
+    args = build_parser().parse_args(["serve", "--layers-per-group", "3"])
+    assert config_from_args(args).model.layers_per_group == 3
+    path = tmp_path / "c.yaml"
+    path.write_text("model: {layer_groups: [1, 4]}\n")
+    assert load_config(path).model.layer_groups == (4, 1)
+    for bad, key in (({"model.layers_per_group": 0}, "model.layers_per_group"),
+                     ({"model.layers_per_group": True}, "model.layers_per_group"),
+                     ({"model.layer_groups": "10"}, "model.layer_groups"),
+                     ({"model.layer_groups": "2,10", "model.layers_per_group": 5},
+                      "model.layers_per_group"),
+                     ({"model.layer_groups": "2,10", "model.models": ["a=default", "b=default"]},
+                      "model.layer_groups")):
+        with pytest.raises(ConfigError, match=key):
+            load_config(None, bad)
+
+
+async def test_the_prefill_chunk_flag_reaches_the_scheduler() -> None:
+    args = build_parser().parse_args(["serve", "--max-num-batched-tokens", "512"])
+    config = config_from_args(args)
+    assert scheduler_config(config.scheduler, 2048).max_batch_tokens == 512
+    assert scheduler_config(GatewayConfig().scheduler, 2048).max_batch_tokens == 2048
+    for bad in (8, "512", True):
+        with pytest.raises(ConfigError, match="scheduler.max_batch_tokens"):
+            load_config(None, {"scheduler.max_batch_tokens": bad})

@@ -17,6 +17,7 @@ import torch
 from executors.fake import FakeExecutor, VirtualCluster
 from executors.interference import Interference
 from executors.types import Device, OpInstance, OpRole, Priority
+from models.batch import BatchShape
 from models.config import ModelConfig
 from models.loader import Model
 from models.sampling_params import SamplingParams
@@ -61,14 +62,15 @@ class ClusterRun:
                  model: Model | None = None, cfg: SchedulerConfig | None = None,
                  fault: Callable[[OpInstance], Exception | None] | None = None,
                  kv_check: bool = False, settle_turns: int = 50,
-                 interference: Interference | None = None) -> None:
+                 interference: Interference | None = None,
+                 op_time: Callable[[str, str, BatchShape], float] = linear_time) -> None:
         self.cluster = VirtualCluster(interference=interference)
         self.ops: list[OpInstance] = []
         self.fault = fault
         self.settle_turns = settle_turns
         cfg = cfg or SchedulerConfig(policy=policy, max_model_len=1024, max_batch_tokens=512)
         devs = [Device(f"cpu:{i}", mem) for i in range(devices)]
-        self.sched = Scheduler(model or weightless(), devs, policy, linear_time, xfer_time, cfg,
+        self.sched = Scheduler(model or weightless(), devs, policy, op_time, xfer_time, cfg,
                                clock=self.cluster.clock, executor_factory=self._executor)
         self.enqueued_at: dict[int, float] = {}  # op id -> virtual time of its last enqueue
         self.kv_model = KVCheckModel(self.sched.model.template, self.sched.kv.pools) \

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import models
@@ -13,6 +15,14 @@ from scheduler.scheduler import Scheduler
 def linear_time(device: str, name: str, shape: BatchShape) -> float:
     """A cost model for tests: 1 ms per op plus 0.1 ms per token."""
     return 1e-3 + 1e-4 * shape.num_tokens
+
+
+def layered_time(device: str, name: str, shape: BatchShape) -> float:
+    """A cost model that sees layers, for operator granularity: a layer group takes 1 ms
+    plus 25 us per token and layer; the embedding and the head 0.5 ms plus 1 us per token."""
+    if m := re.fullmatch(r"layers\[(\d+):(\d+)\]", name):
+        return 1e-3 + 25e-6 * shape.num_tokens * (int(m[2]) - int(m[1]))
+    return 5e-4 + 1e-6 * shape.num_tokens
 
 
 def xfer_time(src: str, dst: str, num_bytes: int) -> float:

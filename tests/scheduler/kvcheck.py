@@ -49,7 +49,7 @@ class KVCheckModel:
         if op.role is not OpRole.COMPUTE:
             return None
         assert op.batch is not None
-        t = self.template.ops[op.template_index]
+        t = self.template.op(op.template_index)
         seqs = op.batch.seqs
         if t.kind is OpKind.LAYERS:
             for seq in seqs:
