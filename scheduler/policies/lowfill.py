@@ -67,7 +67,8 @@ def _fill_low(draft: Draft, device: str, going: list[RequestView]) -> None:
         if not draft.view.may_place(r, placement):
             continue  # NOTE: another model's device (a server of several models)
         need = draft.admission_blocks(r, placement)
-        if used >= budget or blocks + need > min(draft.room(d) for d in set(placement)):
+        if used >= budget or blocks + need > min(draft.room(d, r.model)
+                                                 for d in set(placement)):
             break
         blocks += need
         newcomers.add(r.rid)
