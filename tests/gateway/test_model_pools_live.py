@@ -13,9 +13,12 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
+import torch
 
 from gateway.config import GatewayConfig, load_config
 from gateway.engine import Engine, build_engine
+from tests.gateway.batches.helpers import CHAT as CHAT_URL
+from tests.gateway.batches.helpers import COMPLETIONS, line, results, submit, wait_for
 from tests.gateway.harness import LiveServer, auth_config, live_server
 
 KEY = "sk-ide-1"
@@ -154,3 +157,49 @@ def test_structured_output_masks_follow_each_models_vocabulary(pair: LiveServer)
                 "model": model, "messages": CHAT, "max_tokens": 16, "temperature": 0,
                 **body}).json()
             assert check(out["choices"][0]["message"]["content"]), (model, out)
+
+
+async def test_a_batch_file_naming_both_models_tokenizes_each_line_with_its_model(
+        pair: LiveServer, alone: dict[str, LiveServer]) -> None:
+    files = {COMPLETIONS: [line(i, COMPLETIONS, model=m, prompt=PROMPTS[0], max_tokens=8)
+                           for i, m in enumerate(("chat", "small"))],
+             CHAT_URL: [line(i, model=m, messages=CHAT, max_tokens=8)
+                        for i, m in enumerate(("chat", "small"))]}
+    async with httpx.AsyncClient(base_url=pair.url, timeout=60) as client:
+        for url, lines in files.items():
+            batch = await submit(client, KEY, lines, url)
+            done = await wait_for(client, KEY, batch["id"], timeout_s=120)
+            assert done["status"] == "completed", done
+            out = {r["custom_id"]: r["response"]["body"]
+                   for r in await results(client, KEY, done["output_file_id"])}
+            for i, model in enumerate(("chat", "small")):
+                ref = _client(alone[model])
+                if url == COMPLETIONS:
+                    want = ref.completions.create(model=model, prompt=PROMPTS[0], max_tokens=8,
+                                                  temperature=0).choices[0].text
+                    assert out[f"req-{i}"]["choices"][0]["text"] == want
+                else:
+                    want = ref.chat.completions.create(
+                        model=model, messages=CHAT, max_tokens=8,  # type: ignore[arg-type]
+                        temperature=0).choices[0].message.content
+                    assert out[f"req-{i}"]["choices"][0]["message"]["content"] == want
+
+
+def test_one_model_in_bfloat16_beside_itself_in_float32(
+        tmp_path_factory: pytest.TempPathFactory, alone: dict[str, LiveServer]) -> None:
+    engine = _engine({"model.models": [{"name": "half", "spec": "default",
+                                        "dtype": "bfloat16"},
+                                       {"name": "chat", "spec": "default"}]})
+    pools = engine.scheduler.kv.pools  # type: ignore[attr-defined]
+    assert set(pools) == {"cpu:0", "cpu:0#chat"}
+    assert pools["cpu:0"].keys[0].dtype == torch.bfloat16
+    assert pools["cpu:0#chat"].keys[0].dtype == torch.float32
+    # equal shares, equal tokens: the fp32 pool has twice the bytes of the bf16 one
+    assert pools["cpu:0"].allocator.num_blocks == pools["cpu:0#chat"].allocator.num_blocks
+    with live_server(_config(tmp_path_factory), engine) as server:
+        kw = {"prompt": PROMPTS[0], "max_tokens": 12, "temperature": 0}
+        want = _client(alone["chat"]).completions.create(model="chat", **kw)  # type: ignore
+        got = _client(server).completions.create(model="chat", **kw)  # type: ignore
+        half = _client(server).completions.create(model="half", **kw)  # type: ignore
+    assert got.choices[0].text == want.choices[0].text
+    assert half.choices[0].text != "" and half.model == "half"
