@@ -137,6 +137,9 @@ async def admin_direct(request: Request) -> Response:
     authorize_admin(state.tenants.current, request.headers.get("authorization"))
     body = parse_completion(parse_json(await request.body()), 1)
     check_model(state.engine, body.options.model, adapters=False)
+    if body.options.model in state.engine.base_models:
+        raise invalid("model", "/admin/direct times the first model's chain only; leave "
+                               "'model' out or name that model.")
     [prompt] = tokenize_completion(state.engine, body.prompts, body.suffix)
     max_tokens = resolve_max_tokens(body.options, len(prompt), state.engine.max_model_len,
                                     chat=False)

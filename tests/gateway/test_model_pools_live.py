@@ -75,6 +75,10 @@ def test_each_model_has_pools_of_its_own_layout_and_its_own_context(pair: LiveSe
     assert small_card["root"].endswith("tiny-random-qwen2-v1")
     # small's pool holds as many tokens as chat's (equal shares), so as long a context
     assert small_card["max_model_len"] == pair.engine.of("small").max_model_len > 0
+    direct = httpx.post(f"{pair.url}/admin/direct", timeout=60, json={
+        "model": "small", "prompt": PROMPTS[0], "max_tokens": 2},
+        headers={"Authorization": "Bearer sk-admin-1"})
+    assert direct.status_code == 400 and direct.json()["error"]["param"] == "model"
 
 
 def test_tokenize_and_detokenize_use_the_named_models_tokenizer(
