@@ -8,8 +8,9 @@ import torch
 
 from executors.memory import MemoryLedger
 from executors.types import Device, OpInstance, OpRole
-from models.kv_cache import KVCache
+from models.kv_cache import KVCache, pool_key
 from models.loader import Model
+from models.modelset import ModelSet
 
 
 class RecvNotReady(Exception):
@@ -17,7 +18,8 @@ class RecvNotReady(Exception):
 
 
 class ModelRunner:
-    """Executes op instances against one model, its per-device KV caches and memory ledgers."""
+    """Executes op instances against one model (or a model set), its KV pools (keyed by
+    `pool_key`) and memory ledgers."""
 
     def __init__(self, model: Model, devices: dict[str, Device], kv: dict[str, KVCache],
                  ledgers: dict[str, MemoryLedger]) -> None:
@@ -42,7 +44,14 @@ class ModelRunner:
         impl = self.replica_ops.get((op.device, op.template_index))
         if impl is None:
             impl = self.model.all_ops_on(dev)[op.template_index]
-        return impl.run(op.batch.get(), x, self.kv.get(op.device))
+        return impl.run(op.batch.get(), x, self.kv.get(self._pool_key(op)))
+
+    def _pool_key(self, op: OpInstance) -> str:
+        """The key of the KV pool `op` reads: its model's pool on its device (a model set's
+        members of another KV layout have pools of their own, models/modelset.py)."""
+        if not isinstance(self.model, ModelSet):
+            return op.device
+        return pool_key(op.device, self.model.of_op(op.template_index).pool)
 
     def _recv(self, op: OpInstance) -> torch.Tensor:
         # NOTE: the buffer is counted against the destination until the op is released
@@ -51,7 +60,9 @@ class ModelRunner:
             raise RecvNotReady(f"{op.device}: no room for {op.transfer_bytes} bytes")
         op.held_bytes = op.transfer_bytes
         shape = self.model.template.op(op.input.template_index).output_shape(op.shape)
-        return torch.empty(shape, dtype=self.model.dtype,
+        model = (self.model.of_op(op.input.template_index).model
+                 if isinstance(self.model, ModelSet) else self.model)
+        return torch.empty(shape, dtype=model.dtype,
                            device=self.devices[op.device].torch_device)
 
     def _send(self, op: OpInstance) -> None:

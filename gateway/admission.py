@@ -127,7 +127,7 @@ def _admit(admission: Admission, tenant: Tenant, priority: Priority,
            *, request_id: str, arrival: float, ttft_slo_s: float | None,
            tpot_slo_s: float | None, tools: ToolRequest | None, origin: str,
            trace_headers: Mapping[str, str] | None, adapter: AdapterLease) -> Job:
-    engine, quotas = admission.engine, admission.quotas
+    engine, quotas = admission.engine.of(target.base), admission.quotas
     max_tokens = [resolve_max_tokens(options, len(p), engine.max_model_len, chat,
                                      engine.sampling_defaults.max_tokens, engine.context_note)
                   for p in prompts]

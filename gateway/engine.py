@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,7 +24,7 @@ from gateway.sampling_defaults import SamplingDefaults, load_sampling_defaults
 from gateway.tools.formats import DEFAULT_FORMAT, KNOWN_FORMATS, CallFormat, resolve_format
 from models.grammar import Grammars
 from models.loader import load
-from models.modelset import first_model, model_set
+from models.modelset import ModelSet, first_model, model_set
 from models.spec_config import SpecConfig
 from models.warmup import warm_rows
 from scheduler.api import SchedulerAPI
@@ -64,6 +65,9 @@ class Engine:
     # the other base models one scheduler serves beside `served_model_name` (docs/models.md)
     base_models: tuple[str, ...] = ()
     speculative: SpecConfig | None = None  # the server's prompt-lookup drafting; None = off
+    # base model (of `base_models`) -> its own engine: its tokenizer, chat template, vocab,
+    # EOS ids, FIM tokens, grammars, tool format and context (docs/models.md)
+    members: Mapping[str, Engine] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.max_model_len < 2:
@@ -76,6 +80,10 @@ class Engine:
         serves (None: the client did not say)."""
         return (model is None or model == self.served_model_name or model in self.model_aliases
                 or model in self.base_models)
+
+    def of(self, base: str) -> Engine:
+        """The engine of base model `base` (a `Target.base`; "": the first model, this one)."""
+        return self.members.get(base, self) if base else self
 
     @property
     def has_chat_template(self) -> bool:
@@ -234,40 +242,46 @@ def build_engine(config: GatewayConfig) -> Engine:
 
 def _capped(model: Model, sched: Scheduler, config: GatewayConfig,
             adapters: Adapters) -> Engine:
-    """The engine over `sched`, its context capped to what one device's KV holds
-    (gateway/context.py)."""
-    engine = engine_for_model(model, sched, config, adapters)
+    """The engine over `sched`, each base model's context capped to what one device's KV
+    pool of that model holds (gateway/context.py)."""
     s = config.scheduler
     memory = f"--device-memory-gib {device_memory_gib(config):g}" + (
         f" and --kv-cache-gib {s.kv_cache_gib:g}" if s.kv_cache_gib is not None else "")
+    members = model.members if isinstance(model, ModelSet) else ()
+    engine = _limited(engine_for_model(model, sched, config, adapters), "", sched, config,
+                      memory)
+    others = {m.name: _limited(dataclasses.replace(
+        engine_for_model(m.model, sched, config, engine.adapters), served_model_name=m.name,
+        model_aliases=()), m.name, sched, config, memory) for m in members[1:]}
+    # NOTE: the scheduler's bound is the longest; each engine holds its model to its own
+    sched.limit_context(max(e.max_model_len for e in (engine, *others.values())))
+    return dataclasses.replace(engine, base_models=tuple(others), members=others)
+
+
+def _limited(engine: Engine, name: str, sched: Scheduler, config: GatewayConfig,
+             memory: str) -> Engine:
+    if config.model.models:  # NOTE: each model's context is what its own KV pools hold
+        memory += f" (model {engine.served_model_name!r}'s KV pool)"
     limit = context_limit(engine.max_model_len, config.model.max_model_len is not None,
-                          sched.kv_fit_tokens, memory)
-    sched.limit_context(limit.max_model_len)
+                          sched.kv_fit_tokens_of(name), memory)
     return dataclasses.replace(engine, max_model_len=limit.max_model_len,
-                               context_note=limit.note,
-                               base_models=tuple(m.name for m in config.model.models[1:]))
+                               context_note=limit.note)
 
 
 def load_models(config: GatewayConfig, threads: int) -> Model:
-    """The model of `model.spec`, or the set of `model.models` (models/modelset.py).
-    ValueError for models of one server whose tokenizers' vocabularies differ."""
+    """The model of `model.spec`, or the set of `model.models` (models/modelset.py), each
+    member with its own tokenizer (`Engine.members`) and KV pools."""
     if not config.model.models:
         return load(config.model.spec, dtype=config.model.dtype, threads=threads,
                     layers_per_group=config.model.layers_per_group,
                     layer_groups=config.model.layer_groups)
-    loaded = [(e.name, load(e.spec, dtype=e.dtype or config.model.dtype, threads=threads,
-                            layers_per_group=config.model.layers_per_group),
-               e.devices) for e in config.model.models]
-    first = loaded[0][1]
-    for name, m, _ in loaded[1:]:
-        # NOTE: the gateway tokenizes with the first model's tokenizer
-        if m.config.vocab_size != first.config.vocab_size or \
-                load_tokenizer(m.path).get_vocab() != load_tokenizer(first.path).get_vocab():
-            raise ValueError(f"model {name!r} has another tokenizer than {loaded[0][0]!r}; "
-                             "the models of one server must share theirs")
-    return model_set(loaded)
+    return model_set([(e.name, load(e.spec, dtype=e.dtype or config.model.dtype, threads=threads,
+                                    layers_per_group=config.model.layers_per_group),
+                       e.devices) for e in config.model.models],
+                     {e.name: e.kv_share for e in config.model.models})
 
 
 def _max_len(model: Model, config: GatewayConfig) -> int:
-    limit = model.config.max_position_embeddings
+    models = [m.model for m in model.members] if isinstance(model, ModelSet) else [model]
+    limit = max(m.config.max_position_embeddings for m in models)
     return min(config.model.max_model_len or limit, limit)

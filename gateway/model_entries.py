@@ -6,6 +6,7 @@ In a config file::
       models:
         - {name: chat, spec: default, devices: [cpu:0]}
         - {name: batch, spec: default, dtype: float32}
+        - {name: small, spec: tiny-random-qwen2, kv_share: 0.5}
 
 or on the command line `--model chat=default@cpu:0 --model batch=default` (repeated;
 `@DEVICE,...` names its devices). A
@@ -15,6 +16,7 @@ request's `model` picks one by name; the first is what requests without `model`
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +38,7 @@ class ModelEntry:
     spec: str  # models.load spec: "default", a folder or a hub id
     dtype: str | None = None  # None: `model.dtype`
     devices: tuple[str, ...] | None = None  # the devices it runs on; None: every device
+    kv_share: float = 1.0  # its weight in the split of a device's KV room (docs/models.md)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not ADAPTER_NAME.fullmatch(self.name):
@@ -48,12 +51,14 @@ class ModelEntry:
         if self.devices is not None and (not self.devices or not all(
                 isinstance(d, str) and d for d in self.devices)):
             raise ModelEntryError(f"model {self.name!r}: devices must be a non-empty list")
+        if isinstance(self.kv_share, bool) or not isinstance(self.kv_share, int | float) or \
+                not 0 < self.kv_share < math.inf:
+            raise ModelEntryError(f"model {self.name!r}: kv_share must be a positive number")
 
 
 def parse_models(value: Any) -> tuple[ModelEntry, ...]:
-    """`[{name, spec, dtype, devices}, ...]` or `["NAME=SPEC[@DEVICE,...]", ...]` -> validated
-    entries;
-    () for none. ModelEntryError for a bad entry or a name given twice."""
+    """`[{name, spec, dtype, devices, kv_share}, ...]` or `["NAME=SPEC[@DEVICE,...]", ...]`
+    -> validated entries; () for none. ModelEntryError for a bad entry or a name given twice."""
     if value is None:
         return ()
     if not isinstance(value, list | tuple):
@@ -74,12 +79,13 @@ def _entry(item: Any) -> ModelEntry:
         return ModelEntry(name.strip(), spec.strip(), None,
                           tuple(d.strip() for d in on.split(",")) if at else None)
     if isinstance(item, Mapping):
-        unknown = set(item) - {"name", "spec", "dtype", "devices"}
+        unknown = set(item) - {"name", "spec", "dtype", "devices", "kv_share"}
         if unknown:
             raise ModelEntryError(f"unknown key(s) {', '.join(sorted(unknown))}")
         devices = item.get("devices")
         if isinstance(devices, str):
             devices = [d.strip() for d in devices.split(",")]
         return ModelEntry(item.get("name"), item.get("spec", "default"),  # type: ignore[arg-type]
-                          item.get("dtype"), None if devices is None else tuple(devices))
+                          item.get("dtype"), None if devices is None else tuple(devices),
+                          item.get("kv_share", 1.0))
     raise ModelEntryError(f"{item!r}: use NAME=SPEC or {{name, spec, dtype, devices}}")

@@ -33,8 +33,8 @@ async def create_completion(request: Request) -> Response:
     tenant = authenticate(state.tenants.current, request.headers.get("authorization"))
     body = parse_completion(parse_json(await request.body()),
                             state.config.server.max_prompts_per_request)
-    resolve_model(state.engine, tenant, body.options.model)  # 404 / 403 before tokenizing
-    prompts = tokenize_completion(state.engine, body.prompts, body.suffix)
+    engine = state.engine.of(resolve_model(state.engine, tenant, body.options.model).base)
+    prompts = tokenize_completion(engine, body.prompts, body.suffix)  # the model's tokenizer
     return await generate(request, tenant, body.options, prompts, chat=False)
 
 
@@ -43,8 +43,8 @@ async def create_chat_completion(request: Request) -> Response:
     state = state_of(request)
     tenant = authenticate(state.tenants.current, request.headers.get("authorization"))
     body = parse_chat(parse_json(await request.body()))
-    resolve_model(state.engine, tenant, body.options.model)
-    prompt = tokenize_chat(state.engine, body.messages, tools=offered_tools(body.tools))
+    engine = state.engine.of(resolve_model(state.engine, tenant, body.options.model).base)
+    prompt = tokenize_chat(engine, body.messages, tools=offered_tools(body.tools))
     return await generate(request, tenant, body.options, [prompt], chat=True,
                           tools=body.tools)
 
@@ -137,6 +137,9 @@ async def admin_direct(request: Request) -> Response:
     authorize_admin(state.tenants.current, request.headers.get("authorization"))
     body = parse_completion(parse_json(await request.body()), 1)
     check_model(state.engine, body.options.model, adapters=False)
+    if body.options.model in state.engine.base_models:
+        raise invalid("model", "/admin/direct times the first model's chain only; leave "
+                               "'model' out or name that model.")
     [prompt] = tokenize_completion(state.engine, body.prompts, body.suffix)
     max_tokens = resolve_max_tokens(body.options, len(prompt), state.engine.max_model_len,
                                     chat=False)

@@ -57,9 +57,11 @@ def model_cards(engine: Engine, tenant: Tenant | None) -> list[dict[str, Any]]:
                       "sampling_defaults": engine.sampling_defaults.as_dict()})
     for name in engine.base_models:
         if tenant is None or tenant.may_use(name):
+            member = engine.of(name)
             cards.append({"id": name, "object": "model", "created": engine.created,
-                          "owned_by": "slicegate", "root": name, "parent": None,
-                          "max_model_len": engine.max_model_len})
+                          "owned_by": "slicegate", "root": member.root or name,
+                          "parent": None, "max_model_len": member.max_model_len,
+                          "sampling_defaults": member.sampling_defaults.as_dict()})
     for name, path in engine.adapters.served().items():
         if tenant is None or tenant.may_use(name):
             cards.append({"id": name, "object": "model", "created": engine.created,

@@ -111,10 +111,11 @@ async def tokenize(request: Request) -> Response:
     state = state_of(request)
     tenant = authenticate(state.tenants.current, request.headers.get("authorization"))
     body = parse_tokenize(parse_json(await request.body()))
-    resolve_model(state.engine, tenant, body.model)  # adapters share the base's tokenizer
-    ids = token_ids(state.engine, body)
-    strs = state.engine.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
-    return json_response({"count": len(ids), "max_model_len": state.engine.max_model_len,
+    # NOTE: each base model tokenizes with its own tokenizer; adapters share their base's
+    engine = state.engine.of(resolve_model(state.engine, tenant, body.model).base)
+    ids = token_ids(engine, body)
+    strs = engine.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
+    return json_response({"count": len(ids), "max_model_len": engine.max_model_len,
                           "tokens": ids, "token_strs": strs})
 
 
@@ -123,8 +124,8 @@ async def detokenize_tokens(request: Request) -> Response:
     state = state_of(request)
     tenant = authenticate(state.tenants.current, request.headers.get("authorization"))
     body = parse_detokenize(parse_json(await request.body()))
-    resolve_model(state.engine, tenant, body.model)
-    return json_response({"prompt": detokenize(state.engine, body.tokens)})
+    engine = state.engine.of(resolve_model(state.engine, tenant, body.model).base)
+    return json_response({"prompt": detokenize(engine, body.tokens)})
 
 
 @router.get("/version")

@@ -20,6 +20,17 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
+def pool_key(device: str, pool: str = "") -> str:
+    """The key of a KV pool: `device` for its first pool (the only one of a server of one KV
+    layout), `device#pool` for the pool of another layout there (models/modelset.py)."""
+    return f"{device}#{pool}" if pool else device
+
+
+def pool_device(key: str) -> str:
+    """The device of a pool key."""
+    return key.partition("#")[0]
+
+
 class OutOfBlocks(RuntimeError):
     """`allocate`/`append` was called without a successful `can_*` check."""
 

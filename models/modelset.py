@@ -6,16 +6,17 @@ one after the other: a member's op `i` is the set's op `first + i`, named
 generic: executors index operators by template index, the GMG and simulator see
 op instances, and the estimators, keyed by op name, are keyed by model.
 
-NOTE: one KV pool per device serves every member, so the members must have the
-same KV geometry (layers, KV heads, head size, dtype): e.g. two instances of one
-model. A request's blocks hold its own model's KV; the prefix cache keys blocks by
-model (scheduler/core/state.py). Members of another geometry are refused at
-start-up (separate pools per model are not built).
+NOTE: members of one KV geometry (layers, KV heads, head size, dtype) share one KV pool per
+device, so two instances of one model split their KV as their load goes; a member of
+another geometry has pools of its own (`Member.pool`, keyed `device#pool` beside the first
+pool's `device`, models/kv_cache.py). Each device's KV room is split between its pools by
+`kv_split` (the rule: docs/models.md). A request's blocks hold its own model's KV; the
+prefix cache keys blocks by model (scheduler/core/state.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from models.loader import Model
@@ -31,6 +32,8 @@ class Member:
     model: Model
     first: int  # the set's index of its first operator
     devices: tuple[str, ...] | None = None  # the devices it runs on; None: every device
+    pool: str = ""  # its KV pools' name: "" for the first geometry's, else its first member's
+    kv_share: float = 1.0  # its weight in the split of each device's KV room (`kv_split`)
 
     @property
     def chain(self) -> range:
@@ -43,8 +46,9 @@ class Member:
 
 @dataclass
 class ModelSet(Model):
-    """Models sharing one scheduler (see the module docstring). Its config, dtype and KV
-    layout are the first member's; LoRA adapters are the first member's too."""
+    """Models sharing one scheduler (see the module docstring). Its config and dtype are the
+    first member's, each member's KV pools its own geometry's; LoRA adapters are the first
+    member's."""
 
     members: tuple[Member, ...] = field(default=(), repr=False)
 
@@ -66,6 +70,24 @@ class ModelSet(Model):
         return ", ".join(f"{m.name} {m.model.template.weight_bytes / 2**30:.2f} GiB"
                          for m in self.members if m.runs_on(device))
 
+    def of_op(self, index: int) -> Member:
+        """The member whose chain holds the set's operator `index`."""
+        return next(m for m in reversed(self.members) if m.first <= index)
+
+    def model_pools(self) -> dict[str, str]:
+        """member -> the name of its KV pools ("": the first geometry's)."""
+        return {m.name: m.pool for m in self.members}
+
+    def pools_on(self, device: str) -> dict[str, tuple[Model, float]]:
+        """pool -> (the model whose geometry it holds, its share) for the pools of the
+        members running on `device`; a pool's share is the sum of its members'."""
+        out: dict[str, tuple[Model, float]] = {}
+        for m in self.members:
+            if m.runs_on(device):
+                model, share = out.get(m.pool, (m.model, 0.0))
+                out[m.pool] = (model, share + m.kv_share)
+        return out
+
     def devices_of(self, devices: Sequence[str]) -> dict[str, frozenset[str]]:
         """model -> the devices among `devices` its requests may run on."""
         return {m.name: frozenset(d for d in devices if m.runs_on(d)) for m in self.members}
@@ -86,9 +108,10 @@ def _namespaced(name: str, first: int, ops: tuple[OpTemplate, ...]) -> list[OpTe
     return [replace(t, index=first + t.index, name=f"{name}/{t.name}") for t in ops]
 
 
-def model_set(entries: Sequence[tuple[str, Model, tuple[str, ...] | None]]) -> ModelSet:
-    """The set of `entries` (name, loaded model, its devices or None for every one).
-    ValueError for duplicate names or members of another KV geometry than the first."""
+def model_set(entries: Sequence[tuple[str, Model, tuple[str, ...] | None]],
+              kv_shares: Mapping[str, float] | None = None) -> ModelSet:
+    """The set of `entries` (name, loaded model, its devices or None for every one), each
+    member's `kv_share` from `kv_shares` (default 1). ValueError for duplicate names."""
     if not entries:
         raise ValueError("a model set needs at least one model")
     names = [n for n, _, _ in entries]
@@ -99,14 +122,12 @@ def model_set(entries: Sequence[tuple[str, Model, tuple[str, ...] | None]]) -> M
     ops: list[Op] = []
     templates: list[OpTemplate] = []
     chains: list[tuple[str, int, int]] = []
+    pools: dict[tuple[object, ...], str] = {}
     for name, model, devices in entries:
-        if kv_geometry(model) != kv_geometry(first_model):
-            raise ValueError(
-                f"model {name!r} has another KV layout (layers, KV heads, head size, dtype: "
-                f"{kv_geometry(model)}) than {names[0]!r} ({kv_geometry(first_model)}); "
-                "models of one server must share it (one KV pool per device serves them all)")
+        pool = pools.setdefault(kv_geometry(model), name if pools else "")
         start = len(templates)
-        members.append(Member(name, model, start, devices))
+        members.append(Member(name, model, start, devices, pool,
+                              (kv_shares or {}).get(name, 1.0)))
         templates += _namespaced(name, start, model.template.ops)
         chains.append((name, start, len(templates)))
         ops += model.ops

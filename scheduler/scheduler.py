@@ -178,7 +178,7 @@ class Scheduler(Components):
             raise RequestTooLarge(f"prompt ({len(request.prompt_token_ids)} tokens) + max_tokens "
                                   f"({request.max_tokens}) exceeds the model's context of "
                                   f"{self.cfg.max_model_len} tokens")
-        if not self.kv.can_ever_fit(total):
+        if not self.kv.can_ever_fit(total, self.model_of(request.model)):
             raise RequestTooLarge(f"{total} tokens of KV can never fit in one device's cache")
         if request.request_id in self.states:
             raise ValueError(f"duplicate request id {request.request_id}")
@@ -324,13 +324,14 @@ class Scheduler(Components):
             running,
             {d: p.allocator.num_free for d, p in pools.items()},
             {d: int(self.cfg.kv_watermark * p.allocator.num_blocks) for d, p in pools.items()},
-            self.cfg.block_size, self.kv.swap_bytes(1), self.kv.host_free_bytes, snap,
+            self.cfg.block_size, self.kv.block_bytes(), self.kv.host_free_bytes, snap,
             self.gmg.loads(), self.builder, dict(self.inflight.prefills),
             frozenset(self.inflight.decodes),
             self.tightest_slo_s or self.cfg.default_ttft_slo_s, self.fair.view(),
             None if self.provisioner is None else self.replicas.holders(),
             self.calibration.factors(), frozenset(self.inflight.decode_classes),
-            self.model_devices, self._step_ends(running), self.tightest_tpot_s)
+            self.model_devices, self._step_ends(running), self.tightest_tpot_s,
+            self.kv.model_pools, {m: self.kv.block_bytes(m) for m in self.kv.model_pools})
 
     def _step_ends(self, running: tuple[RequestView, ...]) -> dict[str, int]:
         """Request -> the last op of its plan in flight, for running requests with a pace."""

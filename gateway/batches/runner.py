@@ -25,6 +25,7 @@ from gateway.errors import ApiError
 from gateway.job import Job
 from gateway.prompts import tokenize_chat, tokenize_completion
 from gateway.protocol import ChatBody
+from gateway.served import resolve_model
 from gateway.tenants import Tenant, effective_priority
 from gateway.tools.types import offered_tools
 
@@ -82,6 +83,8 @@ def prepare(context: BatchContext, tenant: Tenant, endpoint: str, custom_id: str
     try:
         parsed = parse_body(InputLine(custom_id, endpoint, orjson.loads(body)), engine,
                             context.max_prompts_per_request)
+        # NOTE: each line tokenizes with the tokenizer of the model it names
+        engine = engine.of(resolve_model(engine, tenant, parsed.options.model).base)
         chat = isinstance(parsed, ChatBody)
         if isinstance(parsed, ChatBody):
             prompts = [tokenize_chat(engine, parsed.messages, tools=offered_tools(parsed.tools))]

@@ -59,7 +59,8 @@ class Components:
         pools = (kv_pools(model, devices, self.ledgers, self.cfg)
                  if self.cfg.provisioning == "off"
                  else limited_pools(model, devices, self.ledgers, self.cfg, held))
-        self.kv = KVManager(pools, self.cfg.swap_space_bytes)
+        self.kv = KVManager(pools, self.cfg.swap_space_bytes,
+                            model.model_pools() if isinstance(model, ModelSet) else None)
         self.replicas = ReplicaRegistry(model.template, self.ledgers, pools, held,
                                         self.kv.swap_bytes(1), activation_reserve(model, self.cfg))
         self.gmg = GMG(self.devices, self.ledgers, self.kv)
@@ -107,6 +108,10 @@ class Components:
     def kv_fit_tokens(self) -> int:
         """The longest context (prompt + output tokens) one request's KV can hold here."""
         return self.kv.max_request_tokens(self.cfg.kv_watermark)
+
+    def kv_fit_tokens_of(self, model: str) -> int:
+        """`kv_fit_tokens` for a request of `model` (its own pools; "": the first model)."""
+        return self.kv.max_request_tokens(self.cfg.kv_watermark, self.model_of(model))
 
     def limit_context(self, max_model_len: int) -> None:
         """Accept requests of at most `max_model_len` tokens (prompt + max_tokens); at most

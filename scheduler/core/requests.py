@@ -38,7 +38,7 @@ class Requests:
         self.preemptions: dict[tuple[str, str], int] = {}  # (tenant, class) -> count
         self.swapped_out_bytes = 0  # KV copied to host memory by preemptions, cumulative
         self.dropped_tokens = 0  # tokens of KV dropped by preemptions (to recompute)
-        self.block_size = next(iter(kv.pools.values())).block_size
+        self.block_size = kv.block_size
 
     def add(self, state: RequestState, weight: Weight | None = None) -> list[RequestState]:
         """Queue a new request; returns those it evicted (still to be shed by `shed`).
@@ -89,8 +89,8 @@ class Requests:
             return ()
         keys = state.block_keys(self.block_size, state.num_tokens - 1)
         out = []
-        for d in sorted(self.kv.pools):
-            hit, unreferenced = self.kv.cached_prefix(d, keys)
+        for d in self.kv.devices:
+            hit, unreferenced = self.kv.cached_prefix(d, keys, state.req.model)
             if hit:
                 out.append((d, hit * self.block_size, unreferenced))
         return tuple(out)
@@ -100,7 +100,8 @@ class Requests:
         if a.num_cached:
             state = self._expect(a.rid, Status.WAITING)
             keys = state.block_keys(self.block_size, a.num_cached)
-            self.kv.pin(a.rid, a.placement[0], keys, a.num_cached // self.block_size)
+            self.kv.pin(a.rid, a.placement[0], keys, a.num_cached // self.block_size,
+                        state.req.model)
 
     def cache(self, state: RequestState) -> None:
         """Register its computed full blocks in the prefix cache (one device holds them all)."""
@@ -119,7 +120,7 @@ class Requests:
             layers = layer_devices(self.template, a.placement, state.req.model)
             state.tables = self.kv.swap_in(a.rid, devices, a.kv_tokens, layers).tables
         else:
-            state.tables = self.kv.reserve(a.rid, devices, a.kv_tokens).tables
+            state.tables = self.kv.reserve(a.rid, devices, a.kv_tokens, state.req.model).tables
             state.num_computed = a.num_cached
             if not state.output_ids and not state.num_preemptions:
                 state.num_cached_tokens = a.num_cached

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from executors.memory import MemoryLedger
 from executors.remote_kv import RemoteKVCache
 from executors.types import Device
 from models.batch import BatchShape
-from models.kv_cache import KVCache
+from models.kv_cache import KVCache, pool_key
 from models.loader import Model
+from models.modelset import ModelSet
 from models.prefix_cache import CachingAllocator
 from scheduler.config import SchedulerConfig
 
@@ -47,12 +50,32 @@ def check_weights(model: Model, devices: list[Device]) -> None:
                         model.weights_note(d.name))
 
 
+def kv_split(room_bytes: int, pools: Mapping[str, tuple[int, float]]) -> dict[str, int]:
+    """pool -> KV blocks, for `pools` (pool -> (bytes of one block, share)) splitting one
+    device's `room_bytes`: each pool's bytes are proportional to its share times its bytes
+    per block, so that equal shares hold equal numbers of tokens. Pure."""
+    weights = {p: per_block * share for p, (per_block, share) in pools.items()}
+    total = sum(weights.values())
+    return {p: int(room_bytes * weights[p] / total) // per_block
+            for p, (per_block, _) in pools.items()}
+
+
+def _pools_on(model: Model, device: str) -> dict[str, tuple[Model, float]]:
+    """pool -> (the model of its geometry, its share) on `device` (one pool for one model)."""
+    return model.pools_on(device) if isinstance(model, ModelSet) else {"": (model, 1.0)}
+
+
+def block_bytes(model: Model, block_size: int) -> int:
+    """Bytes of one KV block of `model` over every layer."""
+    c = model.config
+    return KVCache.bytes_per_block(c.num_layers, block_size, c.num_kv_heads, c.head_dim,
+                                   model.dtype)
+
+
 def kv_pools(model: Model, devices: list[Device], ledgers: dict[str, MemoryLedger],
              cfg: SchedulerConfig) -> dict[str, KVCache]:
-    """Reserve weights and activations on every device; the rest of its budget is KV."""
-    c = model.config
-    per_block = KVCache.bytes_per_block(c.num_layers, cfg.block_size, c.num_kv_heads,
-                                        c.head_dim, model.dtype)
+    """Reserve weights and activations on every device; the rest of its budget is KV, split
+    between the pools of the models running there (`kv_split`). Keyed by `pool_key`."""
     reserve = activation_reserve(model, cfg)
     adapters = adapter_reserve(model, cfg)
     pools: dict[str, KVCache] = {}
@@ -65,20 +88,39 @@ def kv_pools(model: Model, devices: list[Device], ledgers: dict[str, MemoryLedge
             raise ValueError(f"{d.name}: {d.memory_bytes / 2**30:.2f} GiB holds "
                              f"{weights / 2**30:.2f} GiB of weights; the "
                              f"LoRA reserve of {adapters / 2**30:.2f} GiB does not fit")
-        room = ledger.free_bytes - reserve
-        num_blocks = min(room, cfg.kv_cache_bytes or room) // per_block
-        if num_blocks < 1:
-            raise ValueError(f"{d.name}: {d.memory_bytes / 2**30:.2f} GiB leaves no room for KV "
-                             f"after {weights / 2**30:.2f} GiB of weights and "
-                             f"{reserve / 2**30:.2f} GiB of activations; raise the budget")
-        if d.node is not None:  # NOTE: a remote device's storage is in its actor
-            c = model.config
-            pools[d.name] = RemoteKVCache(range(c.num_layers), int(num_blocks), cfg.block_size,
-                                          c.num_kv_heads, c.head_dim, model.dtype)
-        else:
-            pools[d.name] = model.new_kv_cache(int(num_blocks), cfg.block_size,
-                                               device=d.torch_device)
-        if cfg.prefix_caching:
-            pools[d.name].allocator = CachingAllocator(int(num_blocks), cfg.block_size)
-        ledger.reserve("kv", pools[d.name].num_bytes)
+        room = max(0, ledger.free_bytes - reserve)
+        here = _pools_on(model, d.name)
+        split = kv_split(min(room, cfg.kv_cache_bytes or room),
+                         {p: (block_bytes(m, cfg.block_size), share)
+                          for p, (m, share) in here.items()})
+        for p, num_blocks in split.items():
+            if num_blocks < 1:
+                raise ValueError(
+                    f"{d.name}: {d.memory_bytes / 2**30:.2f} GiB leaves no room for KV"
+                    f"{_of(p, model)} after {weights / 2**30:.2f} GiB of weights and "
+                    f"{reserve / 2**30:.2f} GiB of activations; raise the budget")
+            pools[pool_key(d.name, p)] = _pool(here[p][0], d, num_blocks, cfg)
+            ledger.reserve("kv", pools[pool_key(d.name, p)].num_bytes)
     return pools
+
+
+def _of(pool: str, model: Model) -> str:
+    """` of model X` for a message about a pool of a model set's member."""
+    if not isinstance(model, ModelSet):
+        return ""
+    names = [m.name for m in model.members if m.pool == pool]
+    return f" of model {', '.join(repr(n) for n in names)}"
+
+
+def _pool(model: Model, d: Device, num_blocks: int, cfg: SchedulerConfig) -> KVCache:
+    """A pool of `num_blocks` blocks of `model`'s geometry on `d`."""
+    pool: KVCache
+    if d.node is not None:  # NOTE: a remote device's storage is in its actor
+        c = model.config
+        pool = RemoteKVCache(range(c.num_layers), num_blocks, cfg.block_size,
+                             c.num_kv_heads, c.head_dim, model.dtype)
+    else:
+        pool = model.new_kv_cache(num_blocks, cfg.block_size, device=d.torch_device)
+    if cfg.prefix_caching:
+        pool.allocator = CachingAllocator(num_blocks, cfg.block_size)
+    return pool

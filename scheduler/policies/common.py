@@ -152,17 +152,20 @@ def preempt_for(draft: Draft, device: str, req: RequestView) -> int:
     where `req`'s model does not run (a server of several models)."""
     if not draft.view.may_place(req, single(device, draft.view.num_ops)):
         return 0
+    pool = draft.view.pool(device, req.model)
+    # NOTE: only requests whose KV is in `req`'s pool free blocks it can use
     victims = sorted((v for v in draft.runnable() if v.priority > req.priority
-                      and v.placement is not None and device in v.placement),
+                      and v.placement is not None and device in v.placement
+                      and draft.view.pool(device, v.model) == pool),
                      key=lambda v: -v.arrival_s)
     need = draft.admission_blocks(req, single(device, draft.view.num_ops)) + \
-        draft.view.kv_watermark_blocks.get(device, 0)
+        draft.view.kv_watermark_blocks.get(pool, 0)
     held = sum(v.blocks_freed(device) for v in victims)
-    if draft.free_blocks(device) + held < need:
+    if draft.free_blocks(device, req.model) + held < need:
         return 0
     count = 0
     for v in victims:
-        if draft.free_blocks(device) >= need:
+        if draft.free_blocks(device, req.model) >= need:
             break
         draft.preempt(v, f"kv for {req.rid}")
         count += 1

@@ -108,7 +108,8 @@ def _pack(draft: Draft, placement: Placement, going: list[RequestView],
         if not draft.view.may_place(r, placement):
             continue  # NOTE: another model's device (a server of several models)
         need = draft.admission_blocks(r, placement)
-        if used >= budget or blocks + need > min(draft.room(d) for d in set(placement)):
+        if used >= budget or blocks + need > min(draft.room(d, r.model)
+                                                 for d in set(placement)):
             break
         blocks += need
         newcomers.add(r.rid)

@@ -164,14 +164,15 @@ class SlicePolicy:
         feeds, mates = list(plan.chunks[0]), []
         budget = draft.view.cfg.max_batch_tokens
         used = sum(f.num_tokens for f in feeds)
-        room = draft.room(device) - draft.admission_blocks(r, placement)
+        room = draft.room(device, r.model) - draft.admission_blocks(r, placement)
         for q in later:
             at = draft.on(q, placement)
             feed = prefill_feed(at, budget)
             need = draft.admission_blocks(q, placement)
             if (not draft.is_waiting(q) or used + feed.num_tokens > budget or need > room
                     or feed.num_tokens < at.num_tokens - at.num_computed
-                    or not draft.view.may_place(q, placement)):  # another model's device
+                    or not draft.view.may_place(q, placement)  # another model's device
+                    or draft.view.pool(device, q.model) != draft.view.pool(device, r.model)):
                 break  # NOTE: only whole prompts join; the rest wait in their order
             feeds.append(feed)
             mates.append(q)
@@ -281,7 +282,7 @@ class SlicePolicy:
         split_s = self._step_s(draft, r, r.placement)
         single_s = self._step_s(draft, r, single(target, draft.view.num_ops))
         away = sum(d != target for d in r.placement[1:-1]) / max(1, len(r.placement) - 2)
-        nbytes = int(r.blocks_held(target) * draft.view.kv_block_bytes * away)
+        nbytes = int(r.blocks_held(target) * draft.view.block_bytes(r.model) * away)
         src = next(d for d in r.placement if d != target)
         copy_s = draft.view.builder.xfer_time(src, target, nbytes)
         # NOTE: with the prefix cache, gathering also makes its blocks reusable (a prefix

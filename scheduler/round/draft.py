@@ -77,17 +77,25 @@ class Draft:
     def blocks_needed(self, num_tokens: int) -> int:
         return self.view.blocks_for(num_tokens)
 
-    def free_blocks(self, device: str) -> int:
-        return self._kv_free.get(device, 0)
+    def free_blocks(self, device: str, model: str = "") -> int:
+        """Free blocks of `model`'s KV pool on `device`."""
+        return self._kv_free.get(self.view.pool(device, model), 0)
 
-    def room(self, device: str) -> int:
-        """Blocks an admission may take on `device`: those free above its watermark."""
-        return self.free_blocks(device) - self.view.kv_watermark_blocks.get(device, 0)
+    def room(self, device: str, model: str = "") -> int:
+        """Blocks an admission of `model` may take on `device`: those free above its pool's
+        watermark."""
+        return self.free_blocks(device, model) - \
+            self.view.kv_watermark_blocks.get(self.view.pool(device, model), 0)
 
-    def can_reserve(self, devices: Iterable[str], num_tokens: int) -> bool:
+    def can_reserve(self, devices: Iterable[str], num_tokens: int, model: str = "") -> bool:
         """Whether an admission of `num_tokens` fits on `devices` above their watermark."""
         need = self.blocks_needed(num_tokens)
-        return all(need <= self.room(d) for d in set(devices))
+        return all(need <= self.room(d, model) for d in set(devices))
+
+    def _free(self, device: str, model: str, blocks: int) -> None:
+        """Count `blocks` more free (fewer, when negative) in `model`'s pool on `device`."""
+        key = self.view.pool(device, model)
+        self._kv_free[key] = self._kv_free.get(key, 0) + blocks
 
     def load(self, device: str) -> float:
         """Estimated seconds of work queued or running on `device`, this round's included."""
@@ -175,7 +183,7 @@ class Draft:
         if not self.view.may_place(req, placement):
             return False
         need = self.admission_blocks(req, placement)
-        return all(need <= self.room(d) for d in set(placement))
+        return all(need <= self.room(d, req.model) for d in set(placement))
 
     def admit(self, req: RequestView, placement: Placement) -> RequestView:
         """Reserve its KV on `placement`'s devices; it becomes runnable, after its cached
@@ -185,9 +193,9 @@ class Draft:
             raise ValueError(f"{req.rid}: KV for {tokens} tokens does not fit")
         take, cached = self.admission_blocks(req, placement), self.cached_tokens(req, placement)
         for d in set(placement):
-            self._kv_free[d] -= take
+            self._free(d, req.model, -take)
         if req.swapped:
-            self._host_free += self._swap_bytes(req.num_computed)
+            self._host_free += self._swap_bytes(req.num_computed, req.model)
         del self._waiting[req.priority][req.rid]
         self._queued[req.rid], self._taken[req.rid] = req, take
         need = self.blocks_needed(tokens)
@@ -206,11 +214,11 @@ class Draft:
         r = self._runnable[req.rid]
         need = {d: n for d, held in r.kv_blocks
                 if (n := self.blocks_needed(num_tokens) - held) > 0}
-        if any(n > self.free_blocks(d) for d, n in need.items()):
+        if any(n > self.free_blocks(d, r.model) for d, n in need.items()):
             return False
         if need:
             for d, n in need.items():
-                self._kv_free[d] -= n
+                self._free(d, r.model, -n)
             held = tuple((d, b + need.get(d, 0)) for d, b in r.kv_blocks)
             self._runnable[req.rid] = dataclasses.replace(r, kv_blocks=held)
             self.decision.growths.append(Growth(req.rid, num_tokens))
@@ -227,16 +235,17 @@ class Draft:
         for d, _ in r.kv_blocks:
             freed = r.blocks_freed(d) if taken is None else taken + r.blocks_held(d) - \
                 self.blocks_needed(self.admission_tokens(self._queued[r.rid]))
-            self._kv_free[d] = self._kv_free.get(d, 0) + freed
+            self._free(d, r.model, freed)
         dec = self.decision
         dec.growths = [g for g in dec.growths if g.rid != r.rid]
         dec.migrations = [m for m in dec.migrations if m.rid != r.rid]
         if r.rid in self._queued:
             self._unadmit(self._queued.pop(r.rid))
             return
-        swap = r.num_computed > 0 and self._swap_bytes(r.num_computed) <= self._host_free
+        swap = r.num_computed > 0 and \
+            self._swap_bytes(r.num_computed, r.model) <= self._host_free
         if swap:
-            self._host_free -= self._swap_bytes(r.num_computed)
+            self._host_free -= self._swap_bytes(r.num_computed, r.model)
         back = dataclasses.replace(r, placement=None, kv_blocks=(), swapped=swap,
                                    num_computed=r.num_computed if swap else 0)
         self._waiting[r.priority] = {r.rid: back, **self._waiting[r.priority]}
@@ -246,7 +255,7 @@ class Draft:
     def _unadmit(self, queued: RequestView) -> None:
         self.decision.admissions = [a for a in self.decision.admissions if a.rid != queued.rid]
         if queued.swapped:
-            self._host_free -= self._swap_bytes(queued.num_computed)
+            self._host_free -= self._swap_bytes(queued.num_computed, queued.model)
         self._waiting[queued.priority] = {queued.rid: queued, **self._waiting[queued.priority]}
         self.preempted.add(queued.rid)
 
@@ -255,7 +264,7 @@ class Draft:
         r = self._runnable[req.rid]
         for d, blocks in r.kv_blocks:
             if d != target:
-                self._kv_free[d] = self._kv_free.get(d, 0) + blocks
+                self._free(d, r.model, blocks)
         moved = dataclasses.replace(r, placement=(target,) * len(r.placement or ()),
                                     kv_blocks=((target, r.blocks_held(target)),))
         self._runnable[r.rid] = moved
@@ -266,8 +275,8 @@ class Draft:
         """Its next step waits for KV blocks (it stays runnable, holding what it has)."""
         self.decision.blocked.append(req.rid)
 
-    def _swap_bytes(self, num_tokens: int) -> int:
-        return self.blocks_needed(num_tokens) * self.view.kv_block_bytes
+    def _swap_bytes(self, num_tokens: int, model: str = "") -> int:
+        return self.blocks_needed(num_tokens) * self.view.block_bytes(model)
 
     # -- plans -------------------------------------------------------------------------------
     def issue(self, plan: Plan) -> None:

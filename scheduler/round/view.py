@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from executors.types import Priority
-from models.kv_cache import blocks_for
+from models.kv_cache import blocks_for, pool_key
 from scheduler.config import SchedulerConfig
 from scheduler.memory.replicas import Holders
 from scheduler.round.plan import Builder
@@ -31,10 +31,11 @@ class RoundView:
     waiting: Mapping[Priority, tuple[RequestView, ...]]  # not admitted, arrival order per class
     runnable: tuple[RequestView, ...]  # admitted, not in flight, not finished
     running: tuple[RequestView, ...]  # in a plan in flight (they hold KV too)
-    kv_free_blocks: Mapping[str, int]  # device -> free KV blocks
-    kv_watermark_blocks: Mapping[str, int]  # device -> blocks admission leaves free
+    # KV pool (`pool_key(device, pool)`: the device itself for one KV layout) -> free blocks
+    kv_free_blocks: Mapping[str, int]
+    kv_watermark_blocks: Mapping[str, int]  # KV pool -> blocks admission leaves free
     block_size: int  # tokens per KV block
-    kv_block_bytes: int  # bytes of one block over every layer (what a swap moves)
+    kv_block_bytes: int  # bytes of one block over every layer (what a swap moves), first model
     host_free_bytes: int  # host swap space left for preempted requests' KV
     snapshot: Snapshot | None  # the GMG (None for policies that do not simulate)
     load_s: Mapping[str, float]  # device -> estimated seconds of work queued or running
@@ -60,6 +61,17 @@ class RoundView:
     # request with a TPOT SLO: its next step follows that op (policies/pace.py)
     step_ends: Mapping[str, int] = field(default_factory=dict)
     tightest_tpot_s: float | None = None  # smallest TPOT SLO seen (sizes low chunks); None: none
+    # a model set's member -> its KV pools' name ("": the first layout's); {}: one pool a device
+    model_pools: Mapping[str, str] = field(default_factory=dict)
+    model_block_bytes: Mapping[str, int] = field(default_factory=dict)  # member -> block bytes
+
+    def pool(self, device: str, model: str = "") -> str:
+        """The key of `model`'s KV pool on `device` (in `kv_free_blocks`)."""
+        return pool_key(device, self.model_pools.get(model, ""))
+
+    def block_bytes(self, model: str = "") -> int:
+        """Bytes of one KV block of `model` over every layer."""
+        return self.model_block_bytes.get(model, self.kv_block_bytes)
 
     def may_place(self, req: RequestView, placement: Placement) -> bool:
         """Whether `req`'s model may run on `placement`: always with one model; with several,

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 from executors.interference import Interference
 from executors.memory import MemoryLedger
 from executors.types import Device, OpInstance, OpState, Priority
+from models.kv_cache import pool_device
 from scheduler.memory.kv import KVManager
 
 
@@ -124,14 +125,15 @@ class GMG:
         """The /admin/gmg view."""
         devices = []
         for name, dev in self.devices.items():
-            pool = self.kv.pools.get(name)
+            # NOTE: a device's pools summed (one per KV layout of the models it runs)
+            pools = [p.allocator for k, p in self.kv.pools.items() if pool_device(k) == name]
             devices.append({
                 "device": name, "capacity_bytes": dev.memory_bytes,
                 "reserved_bytes": self.ledgers[name].snapshot(),
-                "kv_blocks_total": pool.allocator.num_blocks if pool else 0,
-                "kv_blocks_used": pool.allocator.num_used if pool else 0,
+                "kv_blocks_total": sum(a.num_blocks for a in pools),
+                "kv_blocks_used": sum(a.num_used for a in pools),
                 # blocks holding a cached prefix (referenced or evictable), 0 without the cache
-                "kv_blocks_cached": getattr(pool.allocator, "num_cached", 0) if pool else 0,
+                "kv_blocks_cached": sum(getattr(a, "num_cached", 0) for a in pools),
                 "queue": [op.op_id for op in self.scheduled.values() if op.device == name],
             })
         ops = [{"op_id": op.op_id, "name": op.name, "role": op.role.value, "device": op.device,

@@ -17,11 +17,11 @@ def test_a_config_files_models_list(tmp_path: Path) -> None:
     path.write_text("model:\n  models:\n"
                     "    - {name: chat, spec: default, devices: [cpu:0]}\n"
                     "    - {name: batch, spec: tiny-random, dtype: float32,\n"
-                    "       devices: 'cpu:0,cpu:1'}\n")
+                    "       devices: 'cpu:0,cpu:1', kv_share: 0.5}\n")
     config = load_config(path)
     assert config.model.models == (ModelEntry("chat", "default", None, ("cpu:0",)),
                                    ModelEntry("batch", "tiny-random", "float32",
-                                              ("cpu:0", "cpu:1")))
+                                              ("cpu:0", "cpu:1"), 0.5))
     assert config.served_model_name == "chat"
 
 
@@ -49,6 +49,8 @@ def test_a_served_model_name_beside_several_models_is_refused() -> None:
     ([{"name": "chat", "devices": []}], "devices"),
     (["default"], "NAME=SPEC"),
     (["chat=default@"], "devices"),
+    ([{"name": "chat", "kv_share": 0}], "kv_share"),
+    ([{"name": "chat", "kv_share": "half"}], "kv_share"),
     ("chat=default", "a list"),
 ])
 def test_bad_entries_are_config_errors(models: object, says: str) -> None:

@@ -1,4 +1,4 @@
-"""`model_set`: several models' chains laid end to end, names namespaced, KV layout checked."""
+"""`model_set`: several models' chains laid end to end, names namespaced, KV pools by layout."""
 
 from __future__ import annotations
 
@@ -37,13 +37,22 @@ def test_each_device_counts_the_weights_of_the_models_that_run_there() -> None:
     assert s.member("").name == "chat" and s.member("batch").first == 6
 
 
-def test_a_model_of_another_kv_layout_or_a_repeated_name_is_refused() -> None:
+def test_members_of_one_kv_layout_share_pools_and_another_layout_gets_its_own() -> None:
     other = skeleton(dataclasses.replace(CONFIG, num_layers=6), torch.float32, 1)
-    with pytest.raises(ValueError, match="another KV layout"):
-        model_set([("chat", weightless(), None), ("big", other, None)])
-    with pytest.raises(ValueError, match="another KV layout"):
-        model_set([("chat", weightless(), None), ("half", skeleton(CONFIG, torch.bfloat16),
-                                                   None)])
+    half = skeleton(CONFIG, torch.bfloat16)
+    s = model_set([("chat", weightless(), None), ("twin", weightless(2), ("cpu:1",)),
+                   ("big", other, ("cpu:0",)), ("half", half, None)],
+                  kv_shares={"big": 3.0})
+    assert s.model_pools() == {"chat": "", "twin": "", "big": "big", "half": "half"}
+    on0, on1 = s.pools_on("cpu:0"), s.pools_on("cpu:1")
+    assert {p: share for p, (_, share) in on0.items()} == {"": 1.0, "big": 3.0, "half": 1.0}
+    assert {p: share for p, (_, share) in on1.items()} == {"": 2.0, "half": 1.0}
+    assert on0["big"][0] is other and on1["half"][0] is half
+    assert s.of_op(s.member("big").first).name == "big" and s.of_op(0).name == "chat"
+    assert s.of_op(s.member("half").chain[-1]).name == "half"
+
+
+def test_a_repeated_name_or_no_model_is_refused() -> None:
     with pytest.raises(ValueError, match="distinct"):
         model_set([("chat", weightless(), None), ("chat", weightless(), None)])
     with pytest.raises(ValueError, match="at least one"):
