@@ -13,9 +13,13 @@
 
 #define PF_ROWS 16
 
-/* NOTE: the locality hint must be a constant; PL is one in each inlined tile. */
+/* NOTE: the locality hint must be a constant; PL is one in each inlined tile. PL 2: no
+ * prefetch (a tile of later input rows over weight rows the first tile brought in). */
 #define PREFETCH(p, PL) \
-    do { if (PL) __builtin_prefetch((p), 0, 2); else __builtin_prefetch((p), 0, 3); } while (0)
+    do {                                                                               \
+        if (PL == 1) __builtin_prefetch((p), 0, 2);                                    \
+        else if (PL == 0) __builtin_prefetch((p), 0, 3);                               \
+    } while (0)
 
 static inline float epilogue(float acc, int epi, float other) {
     switch (epi) {
@@ -203,13 +207,13 @@ static inline __attribute__((always_inline)) void tile_f32(
 }
 #endif
 
-/* The tile for the rows left (1..4), prefetching into L1 (PL 0) or L2 (PL 1). */
+/* The tile for the rows left (1..4), prefetching into L1 (PL 0), L2 (PL 1) or not (2). */
 #define TILES(TILE, PL)                                                                 \
     switch (M - m0) {                                                                   \
-    case 1: TILE(w + n0 * K, K, xr, xs, acc, 1, PL); break;                             \
-    case 2: TILE(w + n0 * K, K, xr, xs, acc, 2, PL); break;                             \
-    case 3: TILE(w + n0 * K, K, xr, xs, acc, 3, PL); break;                             \
-    default: TILE(w + n0 * K, K, xr, xs, acc, 4, PL); break;                            \
+    case 1: TILE(w + n0 * K, K, xr, xsm, acc, 1, PL); break;                            \
+    case 2: TILE(w + n0 * K, K, xr, xsm, acc, 2, PL); break;                            \
+    case 3: TILE(w + n0 * K, K, xr, xsm, acc, 3, PL); break;                            \
+    default: TILE(w + n0 * K, K, xr, xsm, acc, 4, PL); break;                           \
     }
 
 #ifndef SPLIT_X
@@ -227,19 +231,35 @@ static void split_rows(const uint16_t *const xr[4], int64_t K, float *xs) {
             }
 }
 
+/* Input row m0 + i of x (the last row again past M: a tile always reads 4). */
+#define XROWS(xr, m0)                                                                   \
+    for (int i = 0; i < 4; i++) xr[i] = x + (m0 + i < M ? m0 + i : M - 1) * ldx;
+
 /* One generic driver: DT is the element type, TILE the tile kernel, LD / ST load and store,
- * SPLIT whether the tile reads x's rows split by `split_rows`. */
+ * SPLIT whether the tile reads x's rows split by `split_rows`.
+ * NOTE: weight tiles are the outer loop and every tile of 4 input rows runs over a weight
+ * tile before the next, so the weights stream from memory once whatever M is (the first
+ * row tile prefetches, the others read what it brought into cache): with input rows
+ * outermost, M > 4 read them once per tile of 4 input rows. Each output is one tile's dot product over K in the
+ * same order whatever M, its tile or its place in it: a row's result does not depend on the
+ * rows beside it (speculative decoding's verify rows round as one-row decode steps). */
 #define GEMV_BODY(DT, TILE, LD, ST, SPLIT)                                              \
-    float *xs = SPLIT ? malloc(sizeof(float) * 4 * K) : NULL;                           \
+    int64_t mt = (M + 3) / 4;                                                           \
+    float *xs = SPLIT ? malloc(sizeof(float) * 4 * K * mt) : NULL;                      \
     if (SPLIT && !xs) return -2;                                                        \
-    for (int64_t m0 = 0; m0 < M; m0 += 4) {                                             \
+    for (int64_t m0 = 0; SPLIT && m0 < M; m0 += 4) {                                    \
         const DT *xr[4];                                                                \
-        for (int i = 0; i < 4; i++) xr[i] = x + (m0 + i < M ? m0 + i : M - 1) * ldx;    \
-        if (SPLIT) split_rows((const uint16_t *const *)xr, K, xs);                      \
-        for (int64_t n0 = 0; n0 < N; n0 += 4) {                                         \
+        XROWS(xr, m0)                                                                   \
+        split_rows((const uint16_t *const *)xr, K, xs + m0 * K);                        \
+    }                                                                                   \
+    for (int64_t n0 = 0; n0 < N; n0 += 4) {                                             \
+        for (int64_t m0 = 0; m0 < M; m0 += 4) {                                         \
+            const DT *xr[4];                                                            \
+            XROWS(xr, m0)                                                               \
+            const float *xsm = SPLIT ? xs + m0 * K : NULL;                              \
             float acc[4][4];                                                            \
             if (n0 + 4 <= N) {                                                          \
-                if (pf) TILES(TILE, 1) else TILES(TILE, 0)                              \
+                if (m0) TILES(TILE, 2) else if (pf) TILES(TILE, 1) else TILES(TILE, 0)  \
             } else {                                                                    \
                 for (int i = 0; i < 4; i++)                                             \
                     for (int64_t j = 0; j < N - n0; j++) {                              \
