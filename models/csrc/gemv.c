@@ -36,9 +36,7 @@ static inline __attribute__((always_inline)) void tile_bf16(
         const uint16_t *w, int64_t K, const uint16_t *const xr[4], const float *xs,
         float out[4][4], const int MT, const int PL) {
     (void)xs; /* split rows: only the 8-lane bf16 tile reads them */
-    __m512 a[4][4];
-    for (int i = 0; i < MT; i++)
-        for (int j = 0; j < 4; j++) a[i][j] = _mm512_setzero_ps();
+    f32x16 a[4][4] = {{{0}}};
     int64_t k = 0;
     for (; k + 32 <= K; k += 32) {
         __m512bh wv[4];
@@ -48,15 +46,15 @@ static inline __attribute__((always_inline)) void tile_bf16(
         }
         for (int i = 0; i < MT; i++) {
             __m512bh xv = (__m512bh)_mm512_loadu_si512(xr[i] + k);
-            for (int j = 0; j < 4; j++) a[i][j] = _mm512_dpbf16_ps(a[i][j], wv[j], xv);
+            for (int j = 0; j < 4; j++)
+                a[i][j] = (f32x16)_mm512_dpbf16_ps((__m512)a[i][j], wv[j], xv);
         }
     }
+    tile_sums(a, out, MT);
     for (int i = 0; i < MT; i++)
-        for (int j = 0; j < 4; j++) {
-            float s = _mm512_reduce_add_ps(a[i][j]);
-            for (int64_t kk = k; kk < K; kk++) s += bf16_to_f32(w[j * K + kk]) * bf16_to_f32(xr[i][kk]);
-            out[i][j] = s;
-        }
+        for (int j = 0; j < 4; j++)
+            for (int64_t kk = k; kk < K; kk++)
+                out[i][j] += bf16_to_f32(w[j * K + kk]) * bf16_to_f32(xr[i][kk]);
 }
 #elif !defined(__AVX512F__)
 #define SPLIT_X 1
@@ -132,12 +130,11 @@ static inline __attribute__((always_inline)) void tile_bf16(
             for (int j = 0; j < 4; j++) a[i][j] += wv[j] * xv;
         }
     }
+    tile_sums(a, out, MT);
     for (int i = 0; i < MT; i++)
-        for (int j = 0; j < 4; j++) {
-            float s = hsum(a[i][j]);
-            for (int64_t kk = k; kk < K; kk++) s += bf16_to_f32(w[j * K + kk]) * bf16_to_f32(xr[i][kk]);
-            out[i][j] = s;
-        }
+        for (int j = 0; j < 4; j++)
+            for (int64_t kk = k; kk < K; kk++)
+                out[i][j] += bf16_to_f32(w[j * K + kk]) * bf16_to_f32(xr[i][kk]);
 }
 #endif
 
@@ -198,12 +195,10 @@ static inline __attribute__((always_inline)) void tile_f32(
             for (int j = 0; j < 4; j++) a[i][j] += wv[j] * xv;
         }
     }
+    tile_sums(a, out, MT);
     for (int i = 0; i < MT; i++)
-        for (int j = 0; j < 4; j++) {
-            float s = hsum(a[i][j]);
-            for (int64_t kk = k; kk < K; kk++) s += w[j * K + kk] * xr[i][kk];
-            out[i][j] = s;
-        }
+        for (int j = 0; j < 4; j++)
+            for (int64_t kk = k; kk < K; kk++) out[i][j] += w[j * K + kk] * xr[i][kk];
 }
 #endif
 
