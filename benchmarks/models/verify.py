@@ -1,15 +1,16 @@
 """`python -m benchmarks.models verify`: one speculative verify step of R rows (a request's
 known token and R - 1 drafts) through the whole operator chain, two ways, interleaved,
 medians: row-invariant (what runs: every row on the native GEMV a one-row step runs,
-`models.batch.Batch.row_invariant`) and on the GEMMs above the tuned `native_rows` (the
-path before, which rounds rows otherwise than one-row steps); beside them a one-row
+`models.batch.Batch.row_invariant`) and on the tuned GEMM backend (a copy of the model
+whose native GEMV takes one row only: the path before wherever the rows exceed the tuned
+`native_rows`, which rounds rows otherwise than one-row steps); beside them a one-row
 decode step. Per way: the layer groups' and the head's milliseconds, and the whole step's.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import torch
@@ -27,6 +28,8 @@ CONTEXT = 300  # tokens before the step
 
 class _GemmRows(Batch):
     """A batch whose verify rows take the GEMMs above `native_rows` (the path before)."""
+
+    __slots__ = ()
 
     @property
     def row_invariant(self) -> bool:
@@ -53,17 +56,25 @@ def _medians(runs: list[list[float]]) -> dict[str, float]:
     return {"layers": sum(per_op[1:-1]), "head": per_op[-1], "step": sum(per_op)}
 
 
-def measure(model: Model, rows: int, repeats: int) -> dict[str, object]:
+def gemm_copy(spec: str, model: Model, threads: int) -> Model:
+    """`model` again, its native GEMV limited to one row: more rows take its GEMMs."""
+    k = model.kernels
+    gemm = replace(k.gemm, native_rows=min(1, k.gemm.native_rows))
+    return load(spec, dtype=model.dtype, threads=threads, kernel_choice=replace(k, gemm=gemm))
+
+
+def measure(model: Model, gemm_model: Model, rows: int, repeats: int) -> dict[str, object]:
     """One case: the three ways, interleaved, after one warm-up of each."""
     kv = model.new_kv_cache(blocks_for(CONTEXT + max(ROWS), BLOCK) + 1, BLOCK)
     table = kv.allocator.allocate(blocks_for(CONTEXT + max(ROWS), BLOCK))
     verify = _batch(model, kv, rows, table)
     gemm = _GemmRows(**{f.name: getattr(verify, f.name) for f in fields(Batch)})
-    ways = {"one row": _batch(model, kv, 1, table), "invariant": verify, "gemm": gemm}
+    ways = {"one row": (model, _batch(model, kv, 1, table)), "invariant": (model, verify),
+            "gemm": (gemm_model, gemm)}
     runs: dict[str, list[list[float]]] = {k: [] for k in ways}
     for i in range(repeats + 1):
-        for name, b in ways.items():
-            ms = _op_ms(model, b, kv)
+        for name, (m, b) in ways.items():
+            ms = _op_ms(m, b, kv)
             if i:
                 runs[name].append(ms)
     return {"rows": rows, **{name: _medians(r) for name, r in runs.items()}}
@@ -73,14 +84,16 @@ def run(spec: str, dtype: str, threads: int, repeats: int,
         out: Path | None) -> list[dict[str, object]]:
     print(f"CPU: {capability_line()}; {threads} thread(s); {dtype}; torch {torch.__version__}\n")
     model = load(spec, dtype=dtype, threads=threads)
-    print(f"kernels: {model.kernels.gemm.name}\n")
+    gemm_model = gemm_copy(spec, model, threads)
+    print(f"kernels: {model.kernels.gemm.name}; gemm: {gemm_model.kernels.gemm.name}\n")
     with torch_threads(threads), torch.inference_mode():
-        rows = [measure(model, r, repeats) for r in ROWS]
+        rows = [measure(model, gemm_model, r, repeats) for r in ROWS]
     print_table(["rows", "one row ms", "invariant ms", "gemm ms", "invariant / gemm",
                  "invariant layers / head", "gemm layers / head"], "rrrrrrr",
                 (_cells(r) for r in rows))
     write_json(out, {"cpu": capability_line(), "threads": threads, "dtype": dtype,
-                     "kernels": model.kernels.gemm.name, "rows": rows})
+                     "kernels": model.kernels.gemm.name, "gemm": gemm_model.kernels.gemm.name,
+                     "rows": rows})
     return rows
 
 
