@@ -3,7 +3,8 @@ code prompts whose answers repeat them (so drafts are accepted): stdlib function
 with a change, and the code-edit workload's prompts (`loadgen.codeedit`).
 
 NOTE: bf16 holds token for token because a verify step's rows compute what one-row steps
-do, bit for bit (`models.batch.Batch.row_invariant`; tests/models/test_verify_rows.py). Each
+do, bit for bit (`models.batch.Batch.row_invariant`; tests/models/test_verify_rows.py), with
+the native GEMV tuned for one row only (`one_row_gemv`: more rows take the GEMMs). Each
 prompt is first run for one token, so that the plain run and the speculating one both find its
 full blocks in the prefix cache: a prompt prefilled in full and one prefilled from a cached
 prefix round differently in bf16 (the rest is a prefill of other rows), with or without
@@ -18,7 +19,6 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-import models
 from executors.types import Device, Priority
 from loadgen.codeedit import code_edit_prompts
 from models.sampling_params import SamplingParams
@@ -26,6 +26,7 @@ from models.spec_config import SpecConfig
 from scheduler.api import Request
 from scheduler.config import SchedulerConfig
 from scheduler.scheduler import Scheduler
+from tests.models.test_verify_rows import one_row_gemv
 from tests.scheduler.conftest import xfer_time
 
 SPEC = SpecConfig(num_speculative_tokens=5, prompt_lookup_max=4, prompt_lookup_min=2)
@@ -62,7 +63,7 @@ async def _tokens(sched: Scheduler, rid: str, prompt: list[int],
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 async def test_greedy_parity_on_code_prompts(default_model_dir: Path, dtype: str) -> None:
-    model = models.load(default_model_dir, dtype=dtype)
+    model = one_row_gemv(default_model_dir, dtype)
     tok = AutoTokenizer.from_pretrained(default_model_dir)
     cfg = SchedulerConfig(policy="slice", max_model_len=2048, max_batch_tokens=1024)
     sched = Scheduler(model, [Device("cpu:0", 3 << 30)], "slice", _flat_time, xfer_time, cfg)
