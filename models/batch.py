@@ -146,6 +146,13 @@ class Batch:
         """A sequence verifies drafted tokens (the head returns a `HeadOutput` with runs)."""
         return any(s.num_draft for s in self.seqs if s.sample)
 
+    @property
+    def row_invariant(self) -> bool:
+        """Decode rows only, some verifying drafts: each row must compute what it would in a
+        one-row step (`models.linear`'s invariant calls), so that greedy verification is
+        token for token plain decoding, bf16 included."""
+        return not self.prefills and self.has_drafts
+
 
 def _slots(block_table: list[int], start: int, end: int, block_size: int) -> list[int]:
     return [block_table[p // block_size] * block_size + p % block_size for p in range(start, end)]
@@ -215,8 +222,8 @@ def build_batch(seqs: list[SeqSpec], block_size: int, device: torch.device) -> B
         elif s.num_draft:
             # NOTE: a verify step runs as num_draft + 1 decode rows of one sequence, row i over
             # the context up to its own token (each layer writes every row's K/V before its
-            # attention): the kernels and numerics of plain decode steps, so greedy output is
-            # token for token the same, bf16 included, and the native decode layer runs it
+            # attention): the kernels of plain decode steps, each row computed as in a one-row
+            # step (`Batch.row_invariant`), so greedy output is token for token the same
             decode_seqs += [_row(s, i) for i in range(len(s.token_ids))]
             decode_rows += range(row0, row0 + len(s.token_ids))
         else:

@@ -130,32 +130,33 @@ def attention_block(x: torch.Tensor, w: LayerWeights, dims: AttnDims, cos: torch
                     choice: LayerChoice, lora: LoraRows | None = None) -> torch.Tensor:
     # x: [R, D] (the layer's input; R >= T, rows past T padding) -> x + attention(norm(x))
     t = batch.slot_mapping.shape[0]
+    inv = batch.row_invariant
     y = norm(x, w.input_norm, dims.eps, choice.norm_rope)  # [R, D]
-    qkv = w.qkv(y)  # [R, (H + 2*Hkv) * d]
+    qkv = w.qkv(y, inv)  # [R, (H + 2*Hkv) * d]
     if lora is not None:
         lora.add("qkv", layer, y, qkv)
     q, k, v = rope_and_write(qkv[:t], cos, sin, dims, kv, layer, batch.slot_mapping,
                              choice.norm_rope)
     out = pad_to(attn.attention(q, k, v, batch, kv, layer, choice), x.shape[0])  # [R, H, d]
-    h = w.o.add(out.reshape(x.shape[0], -1), x)  # [R, D]
+    h = w.o.add(out.reshape(x.shape[0], -1), x, inv)  # [R, D]
     if lora is not None:
         lora.add("o", layer, out.reshape(x.shape[0], -1), h)
     return h
 
 
 def mlp_block(h: torch.Tensor, w: LayerWeights, eps: float, choice: LayerChoice,
-              layer: int = 0, lora: LoraRows | None = None) -> torch.Tensor:
-    # h: [T, D] -> h + mlp(norm(h)): [T, D]
+              layer: int = 0, lora: LoraRows | None = None, inv: bool = False) -> torch.Tensor:
+    # h: [T, D] -> h + mlp(norm(h)): [T, D]; `inv`: row-invariant GEMVs (`Batch.row_invariant`)
     y = norm(h, w.post_norm, eps, choice.norm_rope)
     if lora is not None and (lora.adapts("gate") or lora.adapts("up")):
         # NOTE: the adapters' products go in before SiLU and the product: no fused epilogues
-        gate, up = w.gate(y), w.up(y)  # [T, I]
+        gate, up = w.gate(y, inv), w.up(y, inv)  # [T, I]
         lora.add("gate", layer, y, gate)
         lora.add("up", layer, y, up)
         act = F.silu(gate).mul_(up)
     else:
-        act = w.up.mul(y, w.gate.silu(y))  # [T, I]
-    out = w.down.add(act, h)
+        act = w.up.mul(y, w.gate.silu(y, inv), inv)  # [T, I]
+    out = w.down.add(act, h, inv)
     if lora is not None:
         lora.add("down", layer, act, out)
     return out
@@ -167,20 +168,22 @@ def decoder_layer(x: torch.Tensor, w: LayerWeights, dims: AttnDims, cos: torch.T
     # x: [T, D] -> [T, D]; `lora`: the batch's adapter rows, None when it has none
     # NOTE: `x` may be another op's output, kept for retry: it is never written in place
     h = attention_block(x, w, dims, cos, sin, batch, kv, layer, choice, lora)
-    return mlp_block(h, w, dims.eps, choice, layer, lora)
+    return mlp_block(h, w, dims.eps, choice, layer, lora, batch.row_invariant)
 
 
 def whole_layer_native(batch: Batch, w: LayerWeights, choice: LayerChoice) -> bool:
-    """A decode-only batch within the native GEMV's rows runs each layer as one native call
-    (on the model-dtype copy of upcast weights: `Linear.gemv_for`)."""
+    """A decode-only batch within the native GEMV's rows (a verify step's: the rows a single
+    row takes) runs each layer as one native call (on the model-dtype copy of upcast
+    weights: `Linear.gemv_for`)."""
     g = batch.decode
     return (choice.decode_layer == "native" and g is not None and not batch.prefills
-            and all(lin.gemv_for(len(g.rows)) is not None for lin in w.linears()))
+            and all(lin.gemv_for(len(g.rows), batch.row_invariant) is not None
+                    for lin in w.linears()))
 
 
-def _gemv_weights(w: LayerWeights, rows: int) -> list[torch.Tensor | None]:
+def _gemv_weights(w: LayerWeights, rows: int, inv: bool) -> list[torch.Tensor | None]:
     # qkv, its bias, o, its bias, gate, up, down: what the native GEMVs read at `rows` rows
-    lins = [lin.gemv_for(rows) for lin in w.linears()]
+    lins = [lin.gemv_for(rows, inv) for lin in w.linears()]
     assert all(lin is not None for lin in lins), "not a native decode layer at these rows"
     qkv, o, gate, up, down = (lin for lin in lins if lin is not None)
     return [qkv.row_major(), qkv.bias, o.row_major(), o.bias, gate.row_major(), up.row_major(),
@@ -192,7 +195,7 @@ def native_decoder_layer(x: torch.Tensor, w: LayerWeights, dims: AttnDims, cos: 
     # x: [B, D] (one decode token per sequence) -> [B, D]; the kernels of `decoder_layer`
     g = batch.decode
     assert g is not None
-    weights = [w.input_norm, w.post_norm, *_gemv_weights(w, x.shape[0])]
+    weights = [w.input_norm, w.post_norm, *_gemv_weights(w, x.shape[0], batch.row_invariant)]
     return native.decode_layer(x.contiguous(), weights, dims.eps,
                                (dims.num_heads, dims.num_kv_heads, dims.head_dim), cos, sin,
                                kv.keys[layer], kv.values[layer], batch.slot_mapping, g.blocks,

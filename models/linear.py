@@ -23,6 +23,11 @@ in the model's dtype kept beside them (`half`; aten, or the native GEMV within
 
 Which backend is fastest differs between CPUs (AMX, AVX512-BF16, AVX2 only)
 and dtypes; `models.tuning` measures it at start-up.
+
+Row-invariant calls (`invariant=True`: the rows of a speculative verify step) run,
+up to `INVARIANT_ROWS` rows, whatever kernel a one-row input runs: where that is the
+native GEMV, each row's result is bit for bit the one it would get alone (the GEMV's
+sum for a row does not depend on the rows beside it; GEMMs' rounding does).
 """
 
 from __future__ import annotations
@@ -38,6 +43,9 @@ from models.choices import GemmChoice
 _mkldnn = torch.ops.mkldnn
 
 ATEN = GemmChoice("aten")
+# NOTE: a verify step of one request feeds at most 16 drafts and its known token; past this,
+# a shared step's rows take the GEMMs (their rounding is a shared step's, as plain decoding's)
+INVARIANT_ROWS = 17
 
 
 def onednn_available(dtype: torch.dtype) -> bool:
@@ -109,7 +117,13 @@ class Linear:
             return _mkldnn._linear_pointwise(x, self.weight, self.bias, attr, [], "")
         return _mkldnn._linear_pointwise.binary(x, other, self.weight, self.bias, epilogue)
 
-    def _call(self, x: torch.Tensor, epilogue: str, other: torch.Tensor | None) -> torch.Tensor:
+    def _call(self, x: torch.Tensor, epilogue: str, other: torch.Tensor | None,
+              invariant: bool = False) -> torch.Tensor:
+        if invariant and x.dim() == 2 and x.stride(1) == 1:
+            lin = self.gemv_for(x.shape[0], invariant=True)
+            w = None if lin is None else lin.row_major()
+            if lin is not None and w is not None:
+                return native.linear(x, w, lin.bias, epilogue, other, lin.prefetch)
         if self.out_dtype is None:
             return self._run(x, epilogue, other)
         if self.half is not None and x.dim() == 2 and x.shape[0] <= self.half_rows:
@@ -117,24 +131,28 @@ class Linear:
         y = self._run(x.float(), epilogue, None if other is None else other.float())
         return y.to(self.out_dtype)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self._call(x, "none", None)
+    def __call__(self, x: torch.Tensor, invariant: bool = False) -> torch.Tensor:
+        """x @ W.T + b; `invariant`: each row as a one-row input computes it (module doc)."""
+        return self._call(x, "none", None, invariant)
 
-    def silu(self, x: torch.Tensor) -> torch.Tensor:
+    def silu(self, x: torch.Tensor, invariant: bool = False) -> torch.Tensor:
         """silu(x @ W.T + b)."""
-        return self._call(x, "silu", None)
+        return self._call(x, "silu", None, invariant)
 
-    def mul(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    def mul(self, x: torch.Tensor, other: torch.Tensor, invariant: bool = False) -> torch.Tensor:
         """(x @ W.T + b) * other, as a new tensor (`other` is left alone)."""
-        return self._call(x, "mul", other)
+        return self._call(x, "mul", other, invariant)
 
-    def add(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    def add(self, x: torch.Tensor, other: torch.Tensor, invariant: bool = False) -> torch.Tensor:
         """(x @ W.T + b) + other, as a new tensor (`other` is left alone)."""
-        return self._call(x, "add", other)
+        return self._call(x, "add", other, invariant)
 
-    def gemv_for(self, rows: int) -> Linear | None:
+    def gemv_for(self, rows: int, invariant: bool = False) -> Linear | None:
         """The linear whose native GEMV takes `rows` rows on weights of the model's dtype:
-        this one, or its `half` copy when upcast (None where neither does)."""
+        this one, or its `half` copy when upcast (None where neither does). `invariant`:
+        up to `INVARIANT_ROWS` rows, the one a single row takes, whatever `native_rows`."""
+        if invariant and rows <= INVARIANT_ROWS:
+            rows = 1
         if self.out_dtype is None:
             return self if rows <= self.native_rows else None
         if self.half is None or rows > self.half_rows:

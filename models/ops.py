@@ -101,11 +101,11 @@ class HeadOp:
     @torch.inference_mode()
     def logits(self, batch: Batch, x: torch.Tensor) -> torch.Tensor:
         # x: [T, D] -> [S, V] float32, for the sampled rows only
-        return self.rows_logits(x[batch.sample_rows])
+        return self.rows_logits(x[batch.sample_rows], batch.row_invariant)
 
-    def rows_logits(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [R, D] -> [R, V] float32
-        return self.lm_head(rms_norm(x, self.norm, self.eps)).float()
+    def rows_logits(self, x: torch.Tensor, invariant: bool = False) -> torch.Tensor:
+        # x: [R, D] -> [R, V] float32; `invariant`: each row as alone (`Batch.row_invariant`)
+        return self.lm_head(rms_norm(x, self.norm, self.eps), invariant).float()
 
     @torch.inference_mode()
     def run(self, batch: Batch, x: torch.Tensor | None, kv: KVCache | None) -> Any:

@@ -136,6 +136,48 @@ static inline float hsum(f32x16 v) {
 #endif
 }
 
+static inline f32x16 fold(f32x16 a, f32x16 b, i32x16 lo, i32x16 hi) {
+    return __builtin_shuffle(a, b, lo) + __builtin_shuffle(a, b, hi);
+}
+
+/* Lane t of the result = the sum of v[t]'s 16 lanes (a transpose tree of 15 folds). */
+static inline f32x16 sum16(const f32x16 *v) {
+    const i32x16 a0 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+    const i32x16 b0 = a0 + 8;
+    const i32x16 a1 = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
+    const i32x16 b1 = a1 + 4;
+    const i32x16 a2 = {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29};
+    const i32x16 b2 = a2 + 2;
+    const i32x16 a3 = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+    const i32x16 b3 = a3 + 1;
+    f32x16 w[8], u[4], r[2];
+    for (int k = 0; k < 8; k++) w[k] = fold(v[2 * k], v[2 * k + 1], a0, b0);
+    for (int k = 0; k < 4; k++) u[k] = fold(w[2 * k], w[2 * k + 1], a1, b1);
+    for (int k = 0; k < 2; k++) r[k] = fold(u[2 * k], u[2 * k + 1], a2, b2);
+    return fold(r[0], r[1], a3, b3);
+}
+
+#if defined(__AVX512F__)
+/* out[i][j] = the sum of a[i][j]'s 16 lanes for i < MT, j < 4: bit for bit what `hsum` gives
+ * (`_mm512_reduce_add_ps` adds lanes i and i + 8, then i and i + 4, i and i + 2, i and i + 1:
+ * `sum16`'s tree), so a row's sums do not depend on MT. NOTE: from 3 rows one transpose tree
+ * (15 folds) for the whole tile beats 4 * MT reductions. */
+static inline __attribute__((always_inline)) void tile_sums(f32x16 a[4][4], float out[4][4],
+                                                             const int MT) {
+    if (MT < 3) {
+        for (int i = 0; i < MT; i++)
+            for (int j = 0; j < 4; j++) out[i][j] = hsum(a[i][j]);
+        return;
+    }
+    f32x16 v[16];
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++) v[i * 4 + j] = i < MT ? a[i][j] : (f32x16){0};
+    f32x16 s = sum16(v);
+    for (int i = 0; i < MT; i++)
+        for (int j = 0; j < 4; j++) out[i][j] = s[i * 4 + j];
+}
+#endif
+
 static inline float hmax(f32x16 v) {
 #if defined(__AVX512F__)
     return _mm512_reduce_max_ps((__m512)v);

@@ -12,10 +12,15 @@
 #include "common.h"
 
 #define PF_ROWS 16
+#define BLOCK_N 16 /* outputs per block: a tile of 4 input rows runs over 16 weight rows */
 
-/* NOTE: the locality hint must be a constant; PL is one in each inlined tile. */
+/* NOTE: the locality hint must be a constant; PL is one in each inlined tile. PL 2: no
+ * prefetch (a tile of later input rows over weight rows the first tile brought in). */
 #define PREFETCH(p, PL) \
-    do { if (PL) __builtin_prefetch((p), 0, 2); else __builtin_prefetch((p), 0, 3); } while (0)
+    do {                                                                               \
+        if (PL == 1) __builtin_prefetch((p), 0, 2);                                    \
+        else if (PL == 0) __builtin_prefetch((p), 0, 3);                               \
+    } while (0)
 
 static inline float epilogue(float acc, int epi, float other) {
     switch (epi) {
@@ -32,9 +37,7 @@ static inline __attribute__((always_inline)) void tile_bf16(
         const uint16_t *w, int64_t K, const uint16_t *const xr[4], const float *xs,
         float out[4][4], const int MT, const int PL) {
     (void)xs; /* split rows: only the 8-lane bf16 tile reads them */
-    __m512 a[4][4];
-    for (int i = 0; i < MT; i++)
-        for (int j = 0; j < 4; j++) a[i][j] = _mm512_setzero_ps();
+    f32x16 a[4][4] = {{{0}}};
     int64_t k = 0;
     for (; k + 32 <= K; k += 32) {
         __m512bh wv[4];
@@ -44,15 +47,15 @@ static inline __attribute__((always_inline)) void tile_bf16(
         }
         for (int i = 0; i < MT; i++) {
             __m512bh xv = (__m512bh)_mm512_loadu_si512(xr[i] + k);
-            for (int j = 0; j < 4; j++) a[i][j] = _mm512_dpbf16_ps(a[i][j], wv[j], xv);
+            for (int j = 0; j < 4; j++)
+                a[i][j] = (f32x16)_mm512_dpbf16_ps((__m512)a[i][j], wv[j], xv);
         }
     }
+    tile_sums(a, out, MT);
     for (int i = 0; i < MT; i++)
-        for (int j = 0; j < 4; j++) {
-            float s = _mm512_reduce_add_ps(a[i][j]);
-            for (int64_t kk = k; kk < K; kk++) s += bf16_to_f32(w[j * K + kk]) * bf16_to_f32(xr[i][kk]);
-            out[i][j] = s;
-        }
+        for (int j = 0; j < 4; j++)
+            for (int64_t kk = k; kk < K; kk++)
+                out[i][j] += bf16_to_f32(w[j * K + kk]) * bf16_to_f32(xr[i][kk]);
 }
 #elif !defined(__AVX512F__)
 #define SPLIT_X 1
@@ -128,12 +131,11 @@ static inline __attribute__((always_inline)) void tile_bf16(
             for (int j = 0; j < 4; j++) a[i][j] += wv[j] * xv;
         }
     }
+    tile_sums(a, out, MT);
     for (int i = 0; i < MT; i++)
-        for (int j = 0; j < 4; j++) {
-            float s = hsum(a[i][j]);
-            for (int64_t kk = k; kk < K; kk++) s += bf16_to_f32(w[j * K + kk]) * bf16_to_f32(xr[i][kk]);
-            out[i][j] = s;
-        }
+        for (int j = 0; j < 4; j++)
+            for (int64_t kk = k; kk < K; kk++)
+                out[i][j] += bf16_to_f32(w[j * K + kk]) * bf16_to_f32(xr[i][kk]);
 }
 #endif
 
@@ -194,22 +196,20 @@ static inline __attribute__((always_inline)) void tile_f32(
             for (int j = 0; j < 4; j++) a[i][j] += wv[j] * xv;
         }
     }
+    tile_sums(a, out, MT);
     for (int i = 0; i < MT; i++)
-        for (int j = 0; j < 4; j++) {
-            float s = hsum(a[i][j]);
-            for (int64_t kk = k; kk < K; kk++) s += w[j * K + kk] * xr[i][kk];
-            out[i][j] = s;
-        }
+        for (int j = 0; j < 4; j++)
+            for (int64_t kk = k; kk < K; kk++) out[i][j] += w[j * K + kk] * xr[i][kk];
 }
 #endif
 
-/* The tile for the rows left (1..4), prefetching into L1 (PL 0) or L2 (PL 1). */
+/* The tile for the rows left (1..4), prefetching into L1 (PL 0), L2 (PL 1) or not (2). */
 #define TILES(TILE, PL)                                                                 \
     switch (M - m0) {                                                                   \
-    case 1: TILE(w + n0 * K, K, xr, xs, acc, 1, PL); break;                             \
-    case 2: TILE(w + n0 * K, K, xr, xs, acc, 2, PL); break;                             \
-    case 3: TILE(w + n0 * K, K, xr, xs, acc, 3, PL); break;                             \
-    default: TILE(w + n0 * K, K, xr, xs, acc, 4, PL); break;                            \
+    case 1: TILE(wt, K, xr, xsm, acc, 1, PL); break;                                    \
+    case 2: TILE(wt, K, xr, xsm, acc, 2, PL); break;                                    \
+    case 3: TILE(wt, K, xr, xsm, acc, 3, PL); break;                                    \
+    default: TILE(wt, K, xr, xsm, acc, 4, PL); break;                                   \
     }
 
 #ifndef SPLIT_X
@@ -227,35 +227,85 @@ static void split_rows(const uint16_t *const xr[4], int64_t K, float *xs) {
             }
 }
 
-/* One generic driver: DT is the element type, TILE the tile kernel, LD / ST load and store,
- * SPLIT whether the tile reads x's rows split by `split_rows`. */
-#define GEMV_BODY(DT, TILE, LD, ST, SPLIT)                                              \
-    float *xs = SPLIT ? malloc(sizeof(float) * 4 * K) : NULL;                           \
+/* Input row m0 + i of x (the last row again past M: a tile always reads 4). */
+#define XROWS(xr, m0)                                                                   \
+    for (int i = 0; i < 4; i++) xr[i] = x + (m0 + i < M ? m0 + i : M - 1) * ldx;
+
+/* Row m's outputs n0 .. n0 + nw - 1 from their sums a: bias, epilogue, rounded once. A whole
+ * block of 16 is done in vectors (SiLU's exp stays scalar expf): every row's block of these
+ * outputs takes the same path, whatever M. */
+#define EPI_ROW(DT, LD, ST, LDV, STV)                                                   \
+    DT *yr = y + m * ldy + n0;                                                          \
+    const DT *orow = other ? other + m * ldo + n0 : NULL;                               \
+    if (nw == BLOCK_N) {                                                                \
+        f32x16 v = ld_f32(a) + (bias ? LDV(bias + n0) : (f32x16){0});                   \
+        if (epi == EPI_SILU) {                                                          \
+            float t[16];                                                                \
+            st_f32(t, v);                                                               \
+            for (int e = 0; e < 16; e++) t[e] = epilogue(t[e], EPI_SILU, 0.f);          \
+            v = ld_f32(t);                                                              \
+        } else if (epi == EPI_MUL) {                                                    \
+            v = v * LDV(orow);                                                          \
+        } else if (epi == EPI_ADD) {                                                    \
+            v = v + LDV(orow);                                                          \
+        }                                                                               \
+        STV(yr, v);                                                                     \
+    } else {                                                                            \
+        for (int64_t j = 0; j < nw; j++) {                                              \
+            float v = a[j] + (bias ? LD(bias[n0 + j]) : 0.f);                           \
+            yr[j] = ST(epilogue(v, epi, orow ? LD(orow[j]) : 0.f));                     \
+        }                                                                               \
+    }
+
+/* One generic driver: DT is the element type, TILE the tile kernel, LD / ST load and store
+ * (LDV / STV: 16 at a time), SPLIT whether the tile reads x's rows split by `split_rows`.
+ * NOTE: blocks of 16 weight rows are the outer loop, and every tile of 4 input rows runs
+ * over a block before the next, so the weights stream from memory once whatever M (the
+ * first row tile prefetches, the others read what it brought into cache; input rows
+ * outermost read them once per 4 rows). Each output is one tile's dot product over K, in
+ * the same order whatever M, its tile or its place in it, and its epilogue depends on its
+ * column only: a row's result does not depend on the rows beside it (speculative
+ * decoding's verify rows compute what one-row decode steps do). The epilogue of a block
+ * runs in vectors: one scalar bf16 rounding per output cost as much as the arithmetic of
+ * a tile's sums. */
+#define GEMV_BODY(DT, TILE, LD, ST, LDV, STV, SPLIT)                                    \
+    int64_t mt = (M + 3) / 4;                                                           \
+    float *xs = SPLIT ? malloc(sizeof(float) * 4 * K * mt) : NULL;                      \
     if (SPLIT && !xs) return -2;                                                        \
-    for (int64_t m0 = 0; m0 < M; m0 += 4) {                                             \
+    for (int64_t m0 = 0; SPLIT && m0 < M; m0 += 4) {                                    \
         const DT *xr[4];                                                                \
-        for (int i = 0; i < 4; i++) xr[i] = x + (m0 + i < M ? m0 + i : M - 1) * ldx;    \
-        if (SPLIT) split_rows((const uint16_t *const *)xr, K, xs);                      \
-        for (int64_t n0 = 0; n0 < N; n0 += 4) {                                         \
-            float acc[4][4];                                                            \
-            if (n0 + 4 <= N) {                                                          \
-                if (pf) TILES(TILE, 1) else TILES(TILE, 0)                              \
-            } else {                                                                    \
-                for (int i = 0; i < 4; i++)                                             \
-                    for (int64_t j = 0; j < N - n0; j++) {                              \
-                        float s = 0.f;                                                  \
-                        for (int64_t k = 0; k < K; k++)                                 \
-                            s += LD(w[(n0 + j) * K + k]) * LD(xr[i][k]);                \
-                        acc[i][j] = s;                                                  \
-                    }                                                                   \
-            }                                                                           \
-            for (int64_t i = 0; i < 4 && m0 + i < M; i++)                               \
-                for (int64_t j = 0; j < 4 && n0 + j < N; j++) {                         \
-                    int64_t m = m0 + i, n = n0 + j;                                     \
-                    float v = acc[i][j] + (bias ? LD(bias[n]) : 0.f);                   \
-                    float o = other ? LD(other[m * ldo + n]) : 0.f;                     \
-                    y[m * ldy + n] = ST(epilogue(v, epi, o));                           \
+        XROWS(xr, m0)                                                                   \
+        split_rows((const uint16_t *const *)xr, K, xs + m0 * K);                        \
+    }                                                                                   \
+    for (int64_t n0 = 0; n0 < N; n0 += BLOCK_N) {                                       \
+        int64_t nw = N - n0 < BLOCK_N ? N - n0 : BLOCK_N;                               \
+        for (int64_t m0 = 0; m0 < M; m0 += 4) {                                         \
+            const DT *xr[4];                                                            \
+            XROWS(xr, m0)                                                               \
+            const float *xsm = SPLIT ? xs + m0 * K : NULL;                              \
+            float blk[4][BLOCK_N];                                                      \
+            for (int64_t n1 = 0; n1 < nw; n1 += 4) {                                    \
+                const DT *wt = w + (n0 + n1) * K;                                       \
+                float acc[4][4];                                                        \
+                if (n1 + 4 <= nw) {                                                     \
+                    if (m0) TILES(TILE, 2) else if (pf) TILES(TILE, 1) else TILES(TILE, 0) \
+                } else {                                                                \
+                    for (int i = 0; i < 4; i++)                                         \
+                        for (int64_t j = 0; j < nw - n1; j++) {                         \
+                            float s = 0.f;                                              \
+                            for (int64_t k = 0; k < K; k++)                             \
+                                s += LD(wt[j * K + k]) * LD(xr[i][k]);                  \
+                            acc[i][j] = s;                                              \
+                        }                                                               \
                 }                                                                       \
+                for (int i = 0; i < 4; i++)                                             \
+                    for (int64_t j = 0; j < 4 && n1 + j < nw; j++) blk[i][n1 + j] = acc[i][j]; \
+            }                                                                           \
+            for (int64_t i = 0; i < 4 && m0 + i < M; i++) {                             \
+                int64_t m = m0 + i;                                                     \
+                const float *a = blk[i];                                                \
+                EPI_ROW(DT, LD, ST, LDV, STV)                                           \
+            }                                                                           \
         }                                                                               \
     }                                                                                   \
     free(xs);                                                                           \
@@ -266,11 +316,11 @@ static void split_rows(const uint16_t *const xr[4], int64_t K, float *xs) {
 int gemv_bf16(const uint16_t *x, int64_t ldx, const uint16_t *w, const uint16_t *bias,
               uint16_t *y, int64_t ldy, const uint16_t *other, int64_t ldo,
               int64_t M, int64_t N, int64_t K, int epi, int pf) {
-    GEMV_BODY(uint16_t, tile_bf16, bf16_to_f32, f32_to_bf16, SPLIT_X)
+    GEMV_BODY(uint16_t, tile_bf16, bf16_to_f32, f32_to_bf16, ld_bf16, st_bf16, SPLIT_X)
 }
 
 int gemv_f32(const float *x, int64_t ldx, const float *w, const float *bias,
              float *y, int64_t ldy, const float *other, int64_t ldo,
              int64_t M, int64_t N, int64_t K, int epi, int pf) {
-    GEMV_BODY(float, tile_f32, ID, ID, 0)
+    GEMV_BODY(float, tile_f32, ID, ID, ld_f32, st_f32, 0)
 }

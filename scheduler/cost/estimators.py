@@ -30,6 +30,7 @@ from typing import Any
 from executors.interference import Interference
 from executors.types import Device, OpInstance, OpRole, OpState
 from models.batch import BatchShape
+from models.linear import INVARIANT_ROWS
 from scheduler.cost.colearn import ColocationLearner
 from scheduler.cost.drift import DriftWatch
 from scheduler.cost.learnlog import LearningLog
@@ -64,8 +65,18 @@ _GROUP = re.compile(r"layers\[(\d+):(\d+)\]")
 FORMAT_VERSION = 4
 
 
+def runs_native(s: BatchShape, native_rows: int) -> bool:
+    """Whether a step of `s` runs the native GEMV: within `native_rows` rows, or a verify
+    step's decode rows (every sequence samples all it feeds, some more than one) within
+    `INVARIANT_ROWS`, which run it whatever `native_rows` (`models.batch.Batch.row_invariant`)."""
+    if s.num_tokens <= native_rows:
+        return True
+    verify = s.num_sampled > s.num_seqs and s.num_tokens == s.num_sampled
+    return native_rows >= 1 and verify and s.num_tokens <= INVARIANT_ROWS
+
+
 def op_features(s: BatchShape, native_rows: int = 1) -> tuple[float, ...]:
-    native = s.num_tokens <= native_rows
+    native = runs_native(s, native_rows)
     return (s.num_tokens, s.attn_work, s.num_seqs, s.num_sampled, s.num_context_tokens,
             s.num_tokens - 1.0 if native else 0.0, 0.0 if native else 1.0, 1.0)
 
@@ -149,10 +160,10 @@ class Estimators:
         c = est.coef
         t = (c[0] * shape.num_tokens + c[1] * shape.attn_work + c[2] * shape.num_seqs
              + c[3] * shape.num_sampled + c[4] * shape.num_context_tokens + c[7])
-        if shape.num_tokens > self.native_rows:
-            t += c[6]
-        else:
+        if runs_native(shape, self.native_rows):
             t += c[5] * (shape.num_tokens - 1)
+        else:
+            t += c[6]
         return t if t > MIN_TIME_S else MIN_TIME_S
 
     def transfer_time(self, src: str, dst: str, num_bytes: int) -> float:

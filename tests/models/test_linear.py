@@ -1,4 +1,4 @@
-"""`Linear` on float32 copies of a half-precision model's weights (`upcast`)."""
+"""`Linear` on float32 copies of a half-precision model's weights (`upcast`); invariant calls."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from models import native
 from models.choices import GemmChoice
-from models.linear import Linear, onednn_available
+from models.linear import INVARIANT_ROWS, Linear, onednn_available
 
 UPCASTS = {
     "aten": GemmChoice("aten", upcast=True),
@@ -98,3 +98,31 @@ def test_the_gemv_for_few_rows_reads_weights_of_the_model_dtype() -> None:
     assert up.half is not None and up.gemv_for(2) is up.half  # the bf16 copy, not float32
     assert up.gemv_for(3) is None  # within native_rows, but on the float32 weights
     assert Linear.build(w, b, GemmChoice("aten", native_rows=4, upcast=True)).gemv_for(1) is None
+
+
+@pytest.mark.parametrize("choice", [GemmChoice("aten", native_rows=1),
+                                    GemmChoice("onednn", 16, native_rows=1),
+                                    GemmChoice("aten", native_rows=1, upcast=True, half_rows=1)],
+                         ids=["aten", "onednn", "upcast"])
+def test_invariant_rows_compute_what_each_row_alone_does(choice: GemmChoice) -> None:
+    if choice.backend == "onednn" and not onednn_available(torch.bfloat16):
+        pytest.skip("oneDNN's packed bf16 linear is not in this torch build")
+    w, b = _weights()
+    lin = Linear.build(w, b, choice)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(INVARIANT_ROWS, 32, generator=g).to(torch.bfloat16)  # [R, K]
+    other = torch.randn(INVARIANT_ROWS, 48, generator=g).to(torch.bfloat16)  # [R, N]
+    alone = torch.cat([lin.add(x[i:i + 1], other[i:i + 1]) for i in range(len(x))])
+    assert torch.equal(lin.add(x, other, invariant=True), alone)
+    assert lin.gemv_for(INVARIANT_ROWS, invariant=True) is lin.gemv_for(1)
+    assert lin.gemv_for(INVARIANT_ROWS + 1, invariant=True) is None
+
+
+def test_without_invariance_more_rows_take_the_gemm() -> None:
+    # NOTE: the reason for invariant calls: a GEMM's rows need not round as rows alone do
+    w, b = _weights()
+    lin = Linear.build(w, b, GemmChoice("aten", native_rows=1))
+    x = torch.randn(INVARIANT_ROWS, 32, generator=torch.Generator().manual_seed(6))
+    x = x.to(torch.bfloat16)
+    assert lin.gemv_for(2) is None and lin.gemv_for(2, invariant=True) is lin
+    assert torch.equal(lin(x), F.linear(x, w, b))

@@ -11,8 +11,9 @@ import scheduler.cost.profiling as profiling
 from executors.types import OpInstance, OpRole, OpState, Priority
 from models.batch import BatchShape
 from models.choices import PORTABLE, KernelChoice, LayerChoice
+from models.linear import INVARIANT_ROWS
 from models.loader import load
-from scheduler.cost.estimators import Estimators, op_features
+from scheduler.cost.estimators import Estimators, op_features, runs_native
 from scheduler.cost.profiling import Sweep, load_or_profile
 
 # true seconds per num_tokens, attn_work, num_seqs, num_sampled, num_context_tokens,
@@ -310,3 +311,34 @@ def test_batches_within_the_native_rows_are_priced_on_their_own_line() -> None:
     assert again.native_rows == 4
     assert again.op_time("cpu:0", "layers[0:5]", three) == est.op_time("cpu:0", "layers[0:5]",
                                                                        three)
+
+
+def test_verify_steps_are_priced_on_the_native_line_within_the_invariant_rows() -> None:
+    # NOTE: a verify step's decode rows run the GEMV a one-row step runs, whatever
+    # `native_rows` (models.batch.Batch.row_invariant); a prefill of as many rows does not
+    verify = _step(6, 1, 6)  # one request: its token and 5 drafts
+    shared = _step(8, 3, 8)  # with two plain decode rows
+    prefill = _step(6, 1, 1)
+    too_many = _step(INVARIANT_ROWS + 1, 1, INVARIANT_ROWS + 1)
+    assert runs_native(verify, 2) and runs_native(shared, 2)
+    assert not runs_native(prefill, 2) and not runs_native(too_many, 2)
+    assert not runs_native(verify, 0)  # no native GEMV at all: the GEMMs run it
+    coef = (8e-5, 1.6e-7, 2e-5, 0.0, 3e-7, 4e-4, 1.5e-3, 3e-3)
+    est = Estimators({"cpu:0": "cpu"})
+    est.native_rows = 2
+    est.fit_op("cpu", "layers[0:5]", *_fitted(coef, 2))
+    for s in (verify, prefill):
+        want = sum(c * x for c, x in zip(coef, op_features(s, 2), strict=True))
+        assert est.op_time("cpu:0", "layers[0:5]", s) == pytest.approx(want, rel=0.01)
+
+
+def _step(tokens: int, seqs: int, sampled: int, ctx: int = 300) -> BatchShape:
+    return BatchShape(num_tokens=tokens, num_seqs=seqs, num_sampled=sampled,
+                      attn_work=tokens * ctx, num_context_tokens=seqs * ctx)
+
+
+def _fitted(coef: tuple[float, ...], rows: int) -> tuple[list[BatchShape], list[float]]:
+    shapes = [*_shapes(200, seed=5), *(_step(t, 1, t, c) for t in (2, 4, 6) for c in (64, 300)),
+              *(_step(b, b, b, c) for b in (1, 2) for c in (32, 256))]
+    return shapes, [sum(c * x for c, x in zip(coef, op_features(s, rows), strict=True))
+                    for s in shapes]
