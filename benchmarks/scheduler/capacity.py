@@ -9,7 +9,9 @@ slicegate with the old rule (`--kv-admission full`), and vLLM's CPU build,
 each with the same KV space per device. From `/metrics`, sampled every second:
 requests running at once (vLLM's metric name, both servers), preemptions, and
 slicegate's swapped bytes and recomputed tokens; from the clients: output
-tokens per second.
+tokens per second. With `--repeats`, every run repeats, interleaved (each repeat
+starts one run later), and the table shows medians, with slicegate's tokens/s
+over vLLM's taken within each repeat (side by side), then their median.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.harness import parser, print_table, write_json
+from benchmarks.harness import machine, machine_line, parser, print_table, write_json
 from loadgen.prompts import PromptBuilder, resolve_model_folder
 from loadgen.servers import (
     PEERS_DIR,
@@ -138,24 +140,30 @@ def _row(name: str, tally: Tally, wall_s: float, note: str = "") -> dict[str, An
             "note": note}
 
 
-def _specs(a: argparse.Namespace, folder: Path) -> list[tuple[str, ServerSpec]]:
-    gib = a.kv_cache_mib / 1024
-    out = []
-    for name, admission in (("slicegate", "on-demand"), ("slicegate-full", "full")):
-        port = free_port()
-        cmd = (*default_serve_cmd(), "--model", a.model, "--dtype", "bfloat16",
-               "--max-model-len", "2048", "--port", str(port), "--kv-cache-gib", str(gib),
-               "--kv-admission", admission, "--log-level", "warning")
-        out.append((name, ServerSpec(name, cmd, port, "/health", None, 600.0)))
-    if a.peer:
-        port = free_port()
-        blocks = vllm_blocks(folder, a.kv_cache_mib * a.vllm_devices * 2**20)
-        cmd = ("bash", str(PEERS_DIR / "vllm-cpu.sh"), str(folder), str(port),
-               "--num-gpu-blocks-override", str(blocks))
-        env = (("VLLM_CPU_KVCACHE_SPACE", str(math.ceil(gib * a.vllm_devices))),)
-        out.append(("vllm", ServerSpec("vllm", cmd, port, "/health", "peer", 1800.0, env=env)))
-    return out
+RUNS = ("slicegate", "slicegate-full", "vllm")
 
+
+def _spec(a: argparse.Namespace, folder: Path, name: str) -> ServerSpec:
+    """The server of run `name`, on a fresh port."""
+    gib = a.kv_cache_mib / 1024
+    port = free_port()
+    if name == "vllm":
+        blocks = vllm_blocks(folder, a.kv_cache_mib * a.vllm_devices * 2**20)
+        cmd: tuple[str, ...] = ("bash", str(PEERS_DIR / "vllm-cpu.sh"), str(folder), str(port),
+                                "--num-gpu-blocks-override", str(blocks))
+        env = (("VLLM_CPU_KVCACHE_SPACE", str(math.ceil(gib * a.vllm_devices))),)
+        return ServerSpec("vllm", cmd, port, "/health", "peer", 1800.0, env=env)
+    admission = "full" if name == "slicegate-full" else "on-demand"
+    cmd = (*default_serve_cmd(), "--model", a.model, "--dtype", "bfloat16",
+           "--max-model-len", "2048", "--port", str(port), "--kv-cache-gib", str(gib),
+           "--kv-admission", admission, "--log-level", "warning")
+    return ServerSpec(name, cmd, port, "/health", None, 600.0)
+
+
+def schedule(runs: list[str], repeats: int) -> list[tuple[int, str]]:
+    """(repeat, run) in the order they run: each repeat starts one run later than the one
+    before, so that no run always follows the same one (a warm cache, a hot core)."""
+    return [(k, runs[(k + i) % len(runs)]) for k in range(repeats) for i in range(len(runs))]
 
 
 VLLM_CPU_BLOCK_SIZE = 128  # vLLM's CPU backend's block size for this model's attention
@@ -181,44 +189,83 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     p.add_argument("--vllm-devices", type=int, default=2,
                    help="vLLM gets this many devices' KV space (default: as much as slicegate's "
                         "two devices together)")
+    p.add_argument("--runs", default=",".join(RUNS),
+                   help=f"comma-separated, of: {', '.join(RUNS)}")
+    p.add_argument("--repeats", type=int, default=1, help="each run this many times, interleaved")
     p.add_argument("--no-peer", dest="peer", action="store_false", help="skip vLLM")
     p.add_argument("--out", type=Path, default=Path("bench-results/capacity"))
     a = p.parse_args(argv)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # NOTE: not a line per request
-    if a.clients < 1 or a.duration <= 0:
-        p.error("--clients must be >= 1 and --duration > 0")
+    runs = [r.strip() for r in a.runs.split(",") if r.strip() and (a.peer or r.strip() != "vllm")]
+    if a.clients < 1 or a.duration <= 0 or a.repeats < 1:
+        p.error("--clients and --repeats must be >= 1 and --duration > 0")
+    if not runs or set(runs) - set(RUNS) or len(set(runs)) != len(runs):
+        p.error(f"--runs: distinct names among {', '.join(RUNS)}")
     folder = resolve_model_folder(a.model)
     builder = PromptBuilder.from_folder(folder)
     load = Load(clients=a.clients, duration_s=a.duration)
-    rows = []
-    for name, spec in _specs(a, folder):
-        print(f"capacity: {name}: starting", file=sys.stderr, flush=True)
+    print(machine_line(), file=sys.stderr, flush=True)
+    per_repeat: list[dict[str, dict[str, Any]]] = [{} for _ in range(a.repeats)]
+    for k, name in schedule(runs, a.repeats):
+        print(f"capacity: {name} (repeat {k + 1}): starting", file=sys.stderr, flush=True)
+        spec = _spec(a, folder, name)
         try:
-            with RunningServer(spec, a.out / f"{name}.log") as server:
+            with RunningServer(spec, a.out / f"{name}-{k + 1}.log") as server:
                 server.wait_ready()
                 tally, wall = asyncio.run(_drive(spec, builder, load))
-            rows.append(_row(name, tally, wall))
+            per_repeat[k][name] = _row(name, tally, wall)
         except ServerError as e:
-            rows.append({"run": name, "note": f"did not run: {e}"})
-    _print(rows, a)
-    result: dict[str, object] = {"rows": rows, "load": asdict(load),
+            per_repeat[k][name] = {"run": name, "note": f"did not run: {e}"}
+    rows = [medians(name, [rep[name] for rep in per_repeat]) for name in runs]
+    _print(rows, per_repeat, a)
+    result: dict[str, object] = {"rows": rows, "repeats": per_repeat, "load": asdict(load),
                                  "kv_cache_mib": a.kv_cache_mib,
-                                 "vllm_kv_cache_mib": a.kv_cache_mib * a.vllm_devices}
+                                 "vllm_kv_cache_mib": a.kv_cache_mib * a.vllm_devices,
+                                 **machine()}
     write_json(a.json, result)
     return result
 
 
-def _print(rows: list[dict[str, Any]], a: argparse.Namespace) -> None:
+FIGURES = ("running_mean", "running_max", "output_tok_s", "requests", "errors", "preemptions",
+           "swapped_mib", "recomputed_tokens")
+
+
+def medians(name: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One run's row over its repeats: the median of each figure over the repeats that ran,
+    and each repeat's tokens/s (`output_tok_s_repeats`)."""
+    ran = [r for r in rows if "output_tok_s" in r]
+    if not ran:
+        return {"run": name, "note": "; ".join(r["note"] for r in rows)}
+    out: dict[str, Any] = {"run": name, **{f: statistics.median(r[f] for r in ran)
+                                           for f in FIGURES}}
+    out["output_tok_s_repeats"] = [r["output_tok_s"] for r in ran]
+    out["note"] = f"{len(rows) - len(ran)} of {len(rows)} repeats did not run" \
+        if len(ran) < len(rows) else ""
+    return out
+
+
+def ratio_to_vllm(per_repeat: list[dict[str, dict[str, Any]]], name: str) -> float | None:
+    """Median over the repeats where both ran of `name`'s tokens/s over vLLM's."""
+    ratios = [rep[name]["output_tok_s"] / rep["vllm"]["output_tok_s"] for rep in per_repeat
+              if "output_tok_s" in rep.get(name, {}) and rep.get("vllm", {}).get("output_tok_s")]
+    return statistics.median(ratios) if ratios else None
+
+
+def _print(rows: list[dict[str, Any]], per_repeat: list[dict[str, dict[str, Any]]],
+           a: argparse.Namespace) -> None:
     print(f"KV space {a.kv_cache_mib:g} MiB per device; {a.clients} closed-loop clients; "
-          f"{a.duration:g} s per run")
-    print_table(["run", "running at once (mean / max)", "output tok/s", "requests",
-                 "preemptions", "swapped MiB", "recomputed tokens", "errors"], "lrrrrrrr",
-                (_cells(r) for r in rows))
+          f"{a.duration:g} s per run; medians of {a.repeats} repeat(s), the ratio to vLLM's "
+          "tokens/s taken within each repeat")
+    print_table(["run", "running at once (mean / max)", "output tok/s", "x vLLM", "per repeat",
+                 "requests", "preemptions", "swapped MiB", "recomputed tokens", "errors"],
+                "lrrrlrrrrr", (_cells(r, ratio_to_vllm(per_repeat, r["run"])) for r in rows))
 
 
-def _cells(r: dict[str, Any]) -> list[object]:
+def _cells(r: dict[str, Any], ratio: float | None) -> list[object]:
     if "running_mean" not in r:
-        return [r["run"], r["note"], *[""] * 6]
+        return [r["run"], r["note"], *[""] * 8]
     return [r["run"], f"{r['running_mean']:.1f} / {r['running_max']:.0f}",
-            f"{r['output_tok_s']:.1f}", r["requests"], f"{r['preemptions']:.0f}",
-            f"{r['swapped_mib']:.1f}", f"{r['recomputed_tokens']:.0f}", r["errors"]]
+            f"{r['output_tok_s']:.1f}", "" if ratio is None else f"{ratio:.2f}",
+            ", ".join(f"{x:.1f}" for x in r["output_tok_s_repeats"]), f"{r['requests']:.0f}",
+            f"{r['preemptions']:.0f}", f"{r['swapped_mib']:.1f}",
+            f"{r['recomputed_tokens']:.0f}", f"{r['errors']:.0f}"]

@@ -24,3 +24,32 @@ def test_an_explicit_head_dim_wins(tmp_path: Path) -> None:
     folder = _folder(tmp_path, num_hidden_layers=2, num_key_value_heads=1,
                      hidden_size=64, num_attention_heads=4, head_dim=32)
     assert vllm_blocks(folder, 2 * 2 * 1 * 32 * 2 * VLLM_CPU_BLOCK_SIZE * 3) == 3
+
+
+def test_each_repeat_starts_one_run_later() -> None:
+    from benchmarks.scheduler.capacity import schedule
+
+    assert schedule(["a", "b", "c"], 2) == [(0, "a"), (0, "b"), (0, "c"),
+                                            (1, "b"), (1, "c"), (1, "a")]
+
+
+def test_medians_skip_repeats_that_did_not_run_and_say_so() -> None:
+    from benchmarks.scheduler.capacity import FIGURES, medians
+
+    rows = [{"run": "s", **dict.fromkeys(FIGURES, float(v))} for v in (1, 5, 3)]
+    out = medians("s", [*rows, {"run": "s", "note": "did not run: port"}])
+    assert out["output_tok_s"] == 3.0 and out["output_tok_s_repeats"] == [1.0, 5.0, 3.0]
+    assert out["note"] == "1 of 4 repeats did not run"
+    assert medians("s", [{"run": "s", "note": "x"}]) == {"run": "s", "note": "x"}
+
+
+def test_the_ratio_to_vllm_is_taken_within_each_repeat() -> None:
+    from benchmarks.scheduler.capacity import ratio_to_vllm
+
+    reps = [{"slicegate": {"output_tok_s": 200.0}, "vllm": {"output_tok_s": 100.0}},
+            {"slicegate": {"output_tok_s": 90.0}, "vllm": {"output_tok_s": 100.0}},
+            {"slicegate": {"output_tok_s": 120.0}, "vllm": {"output_tok_s": 80.0}},
+            {"slicegate": {"output_tok_s": 500.0}, "vllm": {"note": "did not run"}}]
+    # per repeat 2.0, 0.9, 1.5 (the last has no vLLM run): median 1.5, not 410 / 100
+    assert ratio_to_vllm(reps, "slicegate") == 1.5
+    assert ratio_to_vllm(reps[3:], "slicegate") is None
