@@ -140,19 +140,25 @@ def _row(name: str, tally: Tally, wall_s: float, note: str = "") -> dict[str, An
             "note": note}
 
 
-RUNS = ("slicegate", "slicegate-full", "vllm")
+RUNS = ("slicegate", "slicegate-full", "vllm", "vllm-all-cores")
+DEFAULT_RUNS = RUNS[:3]
+# NOTE: by default vLLM's CPU build computes on all cores but one, which it reserves for its
+# API server (on 2 cores: one of each); `vllm-all-cores` reserves none, so its OpenMP threads
+# take every core, as slicegate's two devices' threads take both.
+ALL_CORES = (("VLLM_CPU_NUM_OF_RESERVED_CPU", "0"),)
 
 
 def _spec(a: argparse.Namespace, folder: Path, name: str) -> ServerSpec:
     """The server of run `name`, on a fresh port."""
     gib = a.kv_cache_mib / 1024
     port = free_port()
-    if name == "vllm":
+    if name.startswith("vllm"):
         blocks = vllm_blocks(folder, a.kv_cache_mib * a.vllm_devices * 2**20)
         cmd: tuple[str, ...] = ("bash", str(PEERS_DIR / "vllm-cpu.sh"), str(folder), str(port),
                                 "--num-gpu-blocks-override", str(blocks))
-        env = (("VLLM_CPU_KVCACHE_SPACE", str(math.ceil(gib * a.vllm_devices))),)
-        return ServerSpec("vllm", cmd, port, "/health", "peer", 1800.0, env=env)
+        env = (("VLLM_CPU_KVCACHE_SPACE", str(math.ceil(gib * a.vllm_devices))),
+               *(ALL_CORES if name == "vllm-all-cores" else ()))
+        return ServerSpec(name, cmd, port, "/health", "peer", 1800.0, env=env)
     admission = "full" if name == "slicegate-full" else "on-demand"
     cmd = (*default_serve_cmd(), "--model", a.model, "--dtype", "bfloat16",
            "--max-model-len", "2048", "--port", str(port), "--kv-cache-gib", str(gib),
@@ -189,14 +195,16 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     p.add_argument("--vllm-devices", type=int, default=2,
                    help="vLLM gets this many devices' KV space (default: as much as slicegate's "
                         "two devices together)")
-    p.add_argument("--runs", default=",".join(RUNS),
-                   help=f"comma-separated, of: {', '.join(RUNS)}")
+    p.add_argument("--runs", default=",".join(DEFAULT_RUNS),
+                   help=f"comma-separated, of: {', '.join(RUNS)} (vLLM's OpenMP threads on "
+                        "every core, none reserved for its API server)")
     p.add_argument("--repeats", type=int, default=1, help="each run this many times, interleaved")
     p.add_argument("--no-peer", dest="peer", action="store_false", help="skip vLLM")
     p.add_argument("--out", type=Path, default=Path("bench-results/capacity"))
     a = p.parse_args(argv)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # NOTE: not a line per request
-    runs = [r.strip() for r in a.runs.split(",") if r.strip() and (a.peer or r.strip() != "vllm")]
+    runs = [r.strip() for r in a.runs.split(",")
+            if r.strip() and (a.peer or not r.strip().startswith("vllm"))]
     if a.clients < 1 or a.duration <= 0 or a.repeats < 1:
         p.error("--clients and --repeats must be >= 1 and --duration > 0")
     if not runs or set(runs) - set(RUNS) or len(set(runs)) != len(runs):

@@ -53,3 +53,19 @@ def test_the_ratio_to_vllm_is_taken_within_each_repeat() -> None:
     # per repeat 2.0, 0.9, 1.5 (the last has no vLLM run): median 1.5, not 410 / 100
     assert ratio_to_vllm(reps, "slicegate") == 1.5
     assert ratio_to_vllm(reps[3:], "slicegate") is None
+
+
+def test_only_the_all_cores_vllm_run_reserves_no_core(tmp_path: Path) -> None:
+    import argparse
+
+    from benchmarks.scheduler.capacity import _spec
+
+    folder = _folder(tmp_path, num_hidden_layers=30, num_key_value_heads=3,
+                     hidden_size=576, num_attention_heads=9)
+    a = argparse.Namespace(kv_cache_mib=256.0, vllm_devices=2, model="default")
+    default, all_cores = _spec(a, folder, "vllm"), _spec(a, folder, "vllm-all-cores")
+    assert dict(default.env) == {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    assert dict(all_cores.env) == {"VLLM_CPU_KVCACHE_SPACE": "1",
+                                   "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    assert all_cores.name == "vllm-all-cores" and "--num-gpu-blocks-override" in all_cores.command
+    assert "full" in _spec(a, folder, "slicegate-full").command
