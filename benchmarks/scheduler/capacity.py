@@ -64,6 +64,7 @@ class Tally:
     errors: int = 0
     running: list[float] = field(default_factory=list)  # sampled requests running at once
     metrics_end: dict[str, float] = field(default_factory=dict)
+    ops: dict[str, float] = field(default_factory=dict)  # slicegate: `ops_summary`
 
 
 def _metric(text: str, name: str) -> float:
@@ -126,7 +127,45 @@ async def _drive(spec: ServerSpec, builder: PromptBuilder, load: Load) -> tuple[
         tasks = [_client(http, spec, builder, random.Random(load.seed * 1000 + i), load, stop,
                          tally, i) for i in range(load.clients)]
         await asyncio.gather(_sample(http, spec.url, stop, tally), *tasks)
-        return tally, time.monotonic() - t0
+        wall = time.monotonic() - t0
+        if not spec.name.startswith("vllm"):
+            tally.ops = await _ops(http, spec.url, load.duration_s / 2)
+        return tally, wall
+
+
+async def _ops(http: httpx.AsyncClient, url: str, window_s: float) -> dict[str, float]:
+    """slicegate's op timeline over the run's last `window_s` (past the ramp-up), summed up."""
+    try:
+        events = (await http.get(f"{url}/admin/timeline", timeout=30)).json()["events"]
+    except (httpx.HTTPError, ValueError, KeyError):
+        return {}
+    return ops_summary(events, window_s)
+
+
+def ops_summary(events: list[dict[str, Any]], window_s: float) -> dict[str, float]:
+    """Where the devices' time went over the last `window_s` of a timeline (compute ops):
+    `busy` (ops' wall time over the window, per device, averaged), `cpu_share` (the ops'
+    thread CPU time over their wall time: below 1, they waited for a core or the GIL),
+    `decode_share` (decode steps' share of the layer groups' time; the rest, prompts, alone
+    or with decode rows riding along), `decode_seqs_p50` (sequences in a decode step)."""
+    ops = [e for e in events if e.get("role") == "compute"]
+    if not ops:
+        return {}
+    t0 = max(e["end"] for e in ops) - window_s
+    ops = [e for e in ops if e["start"] >= t0]
+    devices = {e["device"] for e in ops}
+    wall = sum(e["end"] - e["start"] for e in ops)
+    layers = [e for e in ops if e["op"].startswith("layers")]
+    decode = [e for e in layers if e["num_tokens"] == e["num_seqs"]]
+    timed = [e for e in ops if e.get("cpu") is not None]
+    out = {"busy": wall / (window_s * max(1, len(devices))),
+           "decode_share": sum(e["end"] - e["start"] for e in decode)
+           / max(1e-9, sum(e["end"] - e["start"] for e in layers)),
+           "decode_seqs_p50": statistics.median(e["num_seqs"] for e in decode) if decode else 0}
+    if timed:
+        out["cpu_share"] = sum(e["cpu"] for e in timed) / max(
+            1e-9, sum(e["end"] - e["start"] for e in timed))
+    return out
 
 
 def _row(name: str, tally: Tally, wall_s: float, note: str = "") -> dict[str, Any]:
@@ -137,7 +176,7 @@ def _row(name: str, tally: Tally, wall_s: float, note: str = "") -> dict[str, An
             "errors": tally.errors, "preemptions": m.get("vllm:num_preemptions_total", 0.0),
             "swapped_mib": m.get("slicegate_kv_swapped_bytes_total", 0.0) / 2**20,
             "recomputed_tokens": m.get("slicegate_kv_recomputed_tokens_total", 0.0),
-            "note": note}
+            "ops": tally.ops, "note": note}
 
 
 RUNS = ("slicegate", "slicegate-full", "vllm", "vllm-all-cores")
@@ -247,6 +286,9 @@ def medians(name: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {"run": name, **{f: statistics.median(r[f] for r in ran)
                                            for f in FIGURES}}
     out["output_tok_s_repeats"] = [r["output_tok_s"] for r in ran]
+    keys = set().union(*(r.get("ops", {}) for r in ran))
+    out["ops"] = {k: statistics.median(r["ops"][k] for r in ran if k in r.get("ops", {}))
+                  for k in sorted(keys)}
     out["note"] = f"{len(rows) - len(ran)} of {len(rows)} repeats did not run" \
         if len(ran) < len(rows) else ""
     return out
@@ -267,6 +309,14 @@ def _print(rows: list[dict[str, Any]], per_repeat: list[dict[str, dict[str, Any]
     print_table(["run", "running at once (mean / max)", "output tok/s", "x vLLM", "per repeat",
                  "requests", "preemptions", "swapped MiB", "recomputed tokens", "errors"],
                 "lrrrlrrrrr", (_cells(r, ratio_to_vllm(per_repeat, r["run"])) for r in rows))
+    for r in rows:
+        o = r.get("ops")
+        if o:
+            print(f"{r['run']}: devices busy {o['busy']:.2f}, ops' CPU over wall time "
+                  f"{o.get('cpu_share', float('nan')):.2f}, decode steps "
+                  f"{o['decode_share']:.0%} of the layer groups' time at "
+                  f"{o['decode_seqs_p50']:g} sequences (p50), over the last "
+                  f"{a.duration / 2:g} s (medians)")
 
 
 def _cells(r: dict[str, Any], ratio: float | None) -> list[object]:

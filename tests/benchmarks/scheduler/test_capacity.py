@@ -69,3 +69,26 @@ def test_only_the_all_cores_vllm_run_reserves_no_core(tmp_path: Path) -> None:
                                    "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
     assert all_cores.name == "vllm-all-cores" and "--num-gpu-blocks-override" in all_cores.command
     assert "full" in _spec(a, folder, "slicegate-full").command
+
+
+def _ev(device: str, op: str, start: float, end: float, seqs: int, tokens: int,
+        cpu: float | None) -> dict[str, object]:
+    return {"device": device, "op": op, "role": "compute", "start": start, "end": end,
+            "cpu": cpu, "num_seqs": seqs, "num_tokens": tokens}
+
+
+def test_ops_summary_keeps_the_last_window_and_splits_decode_from_prompts() -> None:
+    from benchmarks.scheduler.capacity import ops_summary
+
+    events = [_ev("cpu:0", "layers[0:5]", 0.0, 5.0, 1, 400, 5.0),  # before the window
+              _ev("cpu:0", "layers[0:5]", 10.0, 13.0, 30, 30, 1.5),  # decode, 3 s
+              _ev("cpu:0", "layers[5:10]", 13.0, 14.0, 2, 300, 0.5),  # a prompt, 1 s
+              _ev("cpu:1", "layers[0:5]", 12.0, 16.0, 20, 20, None),  # decode, 4 s, untimed
+              _ev("cpu:1", "head", 16.0, 18.0, 20, 20, 1.0),
+              {**_ev("cpu:1", "send", 18.0, 20.0, 1, 1, 0.0), "role": "send"}]
+    out = ops_summary(events, 10.0)
+    # devices busy 3 + 1 + 4 + 2 = 10 s of 2 x 10 s; decode 7 of 8 s of layer groups;
+    # CPU over wall of the timed ops 3 / 6
+    assert out == {"busy": 0.5, "decode_share": 7 / 8, "decode_seqs_p50": 25.0,
+                   "cpu_share": 0.5}
+    assert ops_summary([], 10.0) == {}
