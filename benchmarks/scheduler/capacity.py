@@ -11,7 +11,9 @@ requests running at once (vLLM's metric name, both servers), preemptions, and
 slicegate's swapped bytes and recomputed tokens; from the clients: output
 tokens per second. With `--repeats`, every run repeats, interleaved (each repeat
 starts one run later), and the table shows medians, with slicegate's tokens/s
-over vLLM's taken within each repeat (side by side), then their median.
+over vLLM's taken within each repeat (side by side), then their median. For
+slicegate it also reads the op timeline (`/admin/timeline`) over each run's second
+half: where the devices' time went (`ops_summary`).
 """
 
 from __future__ import annotations
