@@ -189,8 +189,11 @@ DEFAULT_RUNS = RUNS[:3]
 ALL_CORES = (("VLLM_CPU_NUM_OF_RESERVED_CPU", "0"),)
 
 
-def _spec(a: argparse.Namespace, folder: Path, name: str) -> ServerSpec:
-    """The server of run `name`, on a fresh port."""
+def _spec(a: argparse.Namespace, folder: Path, name: str, data_dir: Path) -> ServerSpec:
+    """The server of run `name`, on a fresh port; slicegate's state in `data_dir`.
+
+    NOTE: a data dir of its own: another slicegate on the machine holding the default
+    one's lock would stop the run from starting."""
     gib = a.kv_cache_mib / 1024
     port = free_port()
     if name.startswith("vllm"):
@@ -203,7 +206,7 @@ def _spec(a: argparse.Namespace, folder: Path, name: str) -> ServerSpec:
     admission = "full" if name == "slicegate-full" else "on-demand"
     cmd = (*default_serve_cmd(), "--model", a.model, "--dtype", "bfloat16",
            "--max-model-len", "2048", "--port", str(port), "--kv-cache-gib", str(gib),
-           "--kv-admission", admission, "--log-level", "warning")
+           "--kv-admission", admission, "--log-level", "warning", "--data-dir", str(data_dir))
     return ServerSpec(name, cmd, port, "/health", None, 600.0)
 
 
@@ -257,7 +260,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     per_repeat: list[dict[str, dict[str, Any]]] = [{} for _ in range(a.repeats)]
     for k, name in schedule(runs, a.repeats):
         print(f"capacity: {name} (repeat {k + 1}): starting", file=sys.stderr, flush=True)
-        spec = _spec(a, folder, name)
+        spec = _spec(a, folder, name, a.out / f"{name}-{k + 1}-data")
         try:
             with RunningServer(spec, a.out / f"{name}-{k + 1}.log") as server:
                 server.wait_ready()

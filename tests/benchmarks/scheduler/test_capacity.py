@@ -63,12 +63,15 @@ def test_only_the_all_cores_vllm_run_reserves_no_core(tmp_path: Path) -> None:
     folder = _folder(tmp_path, num_hidden_layers=30, num_key_value_heads=3,
                      hidden_size=576, num_attention_heads=9)
     a = argparse.Namespace(kv_cache_mib=256.0, vllm_devices=2, model="default")
-    default, all_cores = _spec(a, folder, "vllm"), _spec(a, folder, "vllm-all-cores")
+    default, all_cores = (_spec(a, folder, "vllm", tmp_path / "d"),
+                          _spec(a, folder, "vllm-all-cores", tmp_path / "d"))
     assert dict(default.env) == {"VLLM_CPU_KVCACHE_SPACE": "1"}
     assert dict(all_cores.env) == {"VLLM_CPU_KVCACHE_SPACE": "1",
                                    "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
     assert all_cores.name == "vllm-all-cores" and "--num-gpu-blocks-override" in all_cores.command
-    assert "full" in _spec(a, folder, "slicegate-full").command
+    full = _spec(a, folder, "slicegate-full", tmp_path / "full-1-data").command
+    assert "full" in full  # its own data dir: another slicegate may hold the default's lock
+    assert full[full.index("--data-dir") + 1] == str(tmp_path / "full-1-data")
 
 
 def _ev(device: str, op: str, start: float, end: float, seqs: int, tokens: int,
