@@ -181,11 +181,13 @@ def _row(name: str, tally: Tally, wall_s: float, note: str = "") -> dict[str, An
             "ops": tally.ops, "note": note}
 
 
-RUNS = ("slicegate", "slicegate-full", "vllm", "vllm-all-cores")
+RUNS = ("slicegate", "slicegate-full", "vllm", "vllm-all-cores", "slicegate-one-device")
 DEFAULT_RUNS = RUNS[:3]
 # NOTE: by default vLLM's CPU build computes on all cores but one, which it reserves for its
 # API server (on 2 cores: one of each); `vllm-all-cores` reserves none, so its OpenMP threads
-# take every core, as slicegate's two devices' threads take both.
+# take every core, as slicegate's two devices' threads take both. `slicegate-one-device`
+# is the converse: one device (`cpu:0`) with both devices' KV space, the other core left to
+# the event loop, as vLLM leaves it to its API server.
 ALL_CORES = (("VLLM_CPU_NUM_OF_RESERVED_CPU", "0"),)
 
 
@@ -204,8 +206,10 @@ def _spec(a: argparse.Namespace, folder: Path, name: str, data_dir: Path) -> Ser
                *(ALL_CORES if name == "vllm-all-cores" else ()))
         return ServerSpec(name, cmd, port, "/health", "peer", 1800.0, env=env)
     admission = "full" if name == "slicegate-full" else "on-demand"
+    one = ("--devices", "cpu:0") if name == "slicegate-one-device" else ()
     cmd = (*default_serve_cmd(), "--model", a.model, "--dtype", "bfloat16",
-           "--max-model-len", "2048", "--port", str(port), "--kv-cache-gib", str(gib),
+           "--max-model-len", "2048", "--port", str(port),
+           "--kv-cache-gib", str(gib * (a.vllm_devices if one else 1)), *one,
            "--kv-admission", admission, "--log-level", "warning", "--data-dir", str(data_dir))
     return ServerSpec(name, cmd, port, "/health", None, 600.0)
 

@@ -95,3 +95,16 @@ def test_ops_summary_keeps_the_last_window_and_splits_decode_from_prompts() -> N
     assert out == {"busy": 0.5, "decode_share": 7 / 8, "decode_seqs_p50": 25.0,
                    "cpu_share": 0.5}
     assert ops_summary([], 10.0) == {}
+
+
+def test_the_one_device_run_gets_both_devices_kv_space(tmp_path: Path) -> None:
+    import argparse
+
+    from benchmarks.scheduler.capacity import _spec
+
+    a = argparse.Namespace(kv_cache_mib=256.0, vllm_devices=2, model="default")
+    one = _spec(a, tmp_path, "slicegate-one-device", tmp_path / "d").command
+    two = _spec(a, tmp_path, "slicegate", tmp_path / "d").command
+    assert one[one.index("--devices") + 1] == "cpu:0" and "--devices" not in two
+    assert one[one.index("--kv-cache-gib") + 1] == "0.5"
+    assert two[two.index("--kv-cache-gib") + 1] == "0.25"
