@@ -55,6 +55,7 @@ class Load:
     min_output: int = 16
     max_output: int = 256
     seed: int = 0
+    warmup_s: float = 0.0  # tokens before this far into the run are not counted
 
 
 @dataclass(slots=True)
@@ -80,7 +81,8 @@ METRICS = ("vllm:num_requests_running", "vllm:num_preemptions_total",
 
 
 async def _client(http: httpx.AsyncClient, spec: ServerSpec, builder: PromptBuilder,
-                  rng: random.Random, load: Load, stop: float, tally: Tally, who: int) -> None:
+                  rng: random.Random, load: Load, warm: float, stop: float, tally: Tally,
+                  who: int) -> None:
     n = 0
     while time.monotonic() < stop:
         prompt = builder.text(rng.randint(load.min_prompt, load.max_prompt), f"c{who}-{n}")
@@ -100,11 +102,12 @@ async def _client(http: httpx.AsyncClient, spec: ServerSpec, builder: PromptBuil
                 async for line in resp.aiter_lines():
                     if line.startswith("data: {") and '"content"' in line:
                         got += 1
-                        if got >= want or time.monotonic() >= stop:
+                        now = time.monotonic()
+                        tally.output_tokens += now >= warm
+                        if got >= want or now >= stop:
                             break  # NOTE: closing the stream aborts the request
         except httpx.HTTPError:
             tally.errors += 1
-        tally.output_tokens += got
         tally.requests += 1
         n += 1
 
@@ -125,11 +128,11 @@ async def _drive(spec: ServerSpec, builder: PromptBuilder, load: Load) -> tuple[
     limits = httpx.Limits(max_connections=load.clients + 4)
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as http:
         t0 = time.monotonic()
-        stop = t0 + load.duration_s
-        tasks = [_client(http, spec, builder, random.Random(load.seed * 1000 + i), load, stop,
-                         tally, i) for i in range(load.clients)]
+        warm, stop = t0 + load.warmup_s, t0 + load.warmup_s + load.duration_s
+        tasks = [_client(http, spec, builder, random.Random(load.seed * 1000 + i), load, warm,
+                         stop, tally, i) for i in range(load.clients)]
         await asyncio.gather(_sample(http, spec.url, stop, tally), *tasks)
-        wall = time.monotonic() - t0
+        wall = time.monotonic() - warm  # NOTE: output tokens count from the warm-up's end
         if not spec.name.startswith("vllm"):
             tally.ops = await _ops(http, spec.url, load.duration_s / 2)
         return tally, wall
@@ -238,7 +241,10 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     p = parser("python -m benchmarks.scheduler capacity", __doc__)
     p.add_argument("--model", default="default")
     p.add_argument("--clients", type=int, default=64)
-    p.add_argument("--duration", type=float, default=120.0, help="seconds per run")
+    p.add_argument("--duration", type=float, default=120.0,
+                   help="seconds per run, after the warm-up")
+    p.add_argument("--warmup", type=float, default=0.0,
+                   help="seconds of load before the tokens count (the first prompts' prefills)")
     p.add_argument("--kv-cache-mib", type=float, default=256.0, help="KV space per device")
     p.add_argument("--vllm-devices", type=int, default=2,
                    help="vLLM gets this many devices' KV space (default: as much as slicegate's "
@@ -253,13 +259,13 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # NOTE: not a line per request
     runs = [r.strip() for r in a.runs.split(",")
             if r.strip() and (a.peer or not r.strip().startswith("vllm"))]
-    if a.clients < 1 or a.duration <= 0 or a.repeats < 1:
-        p.error("--clients and --repeats must be >= 1 and --duration > 0")
+    if a.clients < 1 or a.duration <= 0 or a.repeats < 1 or a.warmup < 0:
+        p.error("--clients and --repeats must be >= 1, --duration > 0 and --warmup >= 0")
     if not runs or set(runs) - set(RUNS) or len(set(runs)) != len(runs):
         p.error(f"--runs: distinct names among {', '.join(RUNS)}")
     folder = resolve_model_folder(a.model)
     builder = PromptBuilder.from_folder(folder)
-    load = Load(clients=a.clients, duration_s=a.duration)
+    load = Load(clients=a.clients, duration_s=a.duration, warmup_s=a.warmup)
     print(machine_line(), file=sys.stderr, flush=True)
     per_repeat: list[dict[str, dict[str, Any]]] = [{} for _ in range(a.repeats)]
     for k, name in schedule(runs, a.repeats):
@@ -313,8 +319,8 @@ def ratio_to_vllm(per_repeat: list[dict[str, dict[str, Any]]], name: str) -> flo
 def _print(rows: list[dict[str, Any]], per_repeat: list[dict[str, dict[str, Any]]],
            a: argparse.Namespace) -> None:
     print(f"KV space {a.kv_cache_mib:g} MiB per device; {a.clients} closed-loop clients; "
-          f"{a.duration:g} s per run; medians of {a.repeats} repeat(s), the ratio to vLLM's "
-          "tokens/s taken within each repeat")
+          f"{a.duration:g} s per run after {a.warmup:g} s of warm-up; medians of "
+          f"{a.repeats} repeat(s), the ratio to vLLM's tokens/s taken within each repeat")
     print_table(["run", "running at once (mean / max)", "output tok/s", "x vLLM", "per repeat",
                  "requests", "preemptions", "swapped MiB", "recomputed tokens", "errors"],
                 "lrrrlrrrrr", (_cells(r, ratio_to_vllm(per_repeat, r["run"])) for r in rows))

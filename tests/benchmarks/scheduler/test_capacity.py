@@ -44,12 +44,15 @@ def test_medians_skip_repeats_that_did_not_run_and_say_so() -> None:
 
 
 def test_the_ratio_to_vllm_is_taken_within_each_repeat() -> None:
+    from typing import Any
+
     from benchmarks.scheduler.capacity import ratio_to_vllm
 
-    reps = [{"slicegate": {"output_tok_s": 200.0}, "vllm": {"output_tok_s": 100.0}},
-            {"slicegate": {"output_tok_s": 90.0}, "vllm": {"output_tok_s": 100.0}},
-            {"slicegate": {"output_tok_s": 120.0}, "vllm": {"output_tok_s": 80.0}},
-            {"slicegate": {"output_tok_s": 500.0}, "vllm": {"note": "did not run"}}]
+    reps: list[dict[str, dict[str, Any]]] = [
+        {"slicegate": {"output_tok_s": 200.0}, "vllm": {"output_tok_s": 100.0}},
+        {"slicegate": {"output_tok_s": 90.0}, "vllm": {"output_tok_s": 100.0}},
+        {"slicegate": {"output_tok_s": 120.0}, "vllm": {"output_tok_s": 80.0}},
+        {"slicegate": {"output_tok_s": 500.0}, "vllm": {"note": "did not run"}}]
     # per repeat 2.0, 0.9, 1.5 (the last has no vLLM run): median 1.5, not 410 / 100
     assert ratio_to_vllm(reps, "slicegate") == 1.5
     assert ratio_to_vllm(reps[3:], "slicegate") is None
@@ -108,3 +111,40 @@ def test_the_one_device_run_gets_both_devices_kv_space(tmp_path: Path) -> None:
     assert one[one.index("--devices") + 1] == "cpu:0" and "--devices" not in two
     assert one[one.index("--kv-cache-gib") + 1] == "0.5"
     assert two[two.index("--kv-cache-gib") + 1] == "0.25"
+
+
+async def test_a_client_counts_only_the_tokens_after_the_warm_up() -> None:
+    import random
+    import time
+
+    import httpx
+
+    from benchmarks.scheduler.capacity import Load, Tally, _client
+    from loadgen.servers import ServerSpec
+
+    class Builder:
+        def text(self, num_tokens: int, salt: object) -> str:
+            return "hi " * num_tokens
+
+    def sse(request: httpx.Request) -> httpx.Response:
+        lines = "".join(f'data: {{"choices": [{{"delta": {{"content": "t{i}"}}}}]}}\n\n'
+                        for i in range(300))
+        return httpx.Response(200, text=lines + "data: [DONE]\n\n")
+
+    spec = ServerSpec("slicegate", ("x",), 1)
+    load = Load(clients=1, min_output=5, max_output=5)
+    counts = []
+    for warm_in_s in (0.0, 3600.0):
+        tally = Tally()
+        async with httpx.AsyncClient(transport=httpx.MockTransport(sse),
+                                     base_url=spec.url) as http:
+            now = time.monotonic()
+            stop = now + 0.05  # a few requests of 5 tokens each, then the run ends
+            await _client(http, spec, Builder(), random.Random(0), load,  # type: ignore[arg-type]
+                          now + warm_in_s, stop, tally, 0)
+        assert tally.requests >= 1 and tally.errors == 0
+        counts.append((tally.output_tokens, tally.requests))
+    (tokens, requests), (warm_tokens, _) = counts
+    # each stream read to its planned 5 tokens, all counted (the last one cut by the stop)
+    assert 5 * (requests - 1) < tokens <= 5 * requests
+    assert warm_tokens == 0  # every token came before the warm-up's end
