@@ -131,7 +131,8 @@ async def _workload(sched: Scheduler, tag: str, sizes: list[tuple[int, str]] = S
             break
         await asyncio.sleep(0.005)
     actual = [p.finals[-1].end - t0 for p in plans]  # type: ignore[operator]
-    return predicted, actual, op_ratios(pred, [o for p in plans for o in p.ops])
+    ops = [o for p in plans for o in p.ops]
+    return predicted, actual, {**op_ratios(pred, ops), **idle_gaps(pred, ops), **cpu_share(ops)}
 
 
 def op_ratios(pred: Prediction, ops: list[OpInstance]) -> dict[str, float]:
@@ -146,6 +147,48 @@ def op_ratios(pred: Prediction, ops: list[OpInstance]) -> dict[str, float]:
             sums[0] += o.end - o.start
             sums[1] += pred.finish[o.op_id] - pred.start[o.op_id]
     return {k: a / p for k, (a, p) in sorted(spent.items()) if p > 0}
+
+
+def idle_gaps(pred: Prediction, ops: list[OpInstance]) -> dict[str, float]:
+    """Seconds each device sat idle between its first op's start and its last op's end,
+    summed over devices, as run (`gap_actual_s`) and as predicted (`gap_predicted_s`).
+
+    NOTE: the simulator starts an op the moment its inputs are done and its device is free;
+    a run pays the hand-offs between ops (the completion back to the scheduler, the next op's
+    dispatch, a thread's wake-up). Gaps measured well above the predicted ones are a cost
+    the model leaves out; equal ones put the error in the ops' own times."""
+    actual, predicted = [], []
+    for o in ops:
+        if o.start is not None and o.end is not None and o.op_id in pred.finish:
+            actual.append((o.device, o.start, o.end))
+            predicted.append((o.device, pred.start[o.op_id], pred.finish[o.op_id]))
+    return {"gap_actual_s": _gaps(actual), "gap_predicted_s": _gaps(predicted)}
+
+
+def _gaps(spans: list[tuple[str, float, float]]) -> float:
+    by_device: dict[str, list[tuple[float, float]]] = {}
+    for device, a, b in spans:
+        by_device.setdefault(device, []).append((a, b))
+    idle = 0.0
+    for runs in by_device.values():
+        runs.sort()
+        reach = runs[0][1]
+        for a, b in runs[1:]:
+            idle += max(0.0, a - reach)
+            reach = max(reach, b)
+    return idle
+
+
+def cpu_share(ops: list[OpInstance]) -> dict[str, float]:
+    """The ops' worker-thread CPU time over their wall time, where the executor measured it
+    (`cpu_share`): below 1, the ops waited for a core or the GIL while they ran (the other
+    device's thread, the scheduler, or other work on the machine)."""
+    cpu = wall = 0.0
+    for o in ops:
+        if o.cpu_s is not None and o.start is not None and o.end is not None:
+            cpu += o.cpu_s
+            wall += o.end - o.start
+    return {"cpu_share": cpu / wall} if wall > 0 else {}
 
 
 async def _accuracy_run(model: Model, est: Estimators, devices: list[Device],
@@ -369,8 +412,14 @@ def _report_accuracy(title: str, acc: dict[str, Any]) -> None:
         print(f"  repeat {k + 1}: predicted {r['e2e_predicted_s']:.3f} s, actual "
               f"{r['e2e_actual_s']:.3f} s, error {r['e2e_error']:.2%}, per-request MAPE "
               f"{r['request_mape']:.2%}; twins {r['twin_e2e_spread']:.2%} / "
-              f"{r['twin_request_spread']:.2%}; measured/predicted {_ratios(r)}")
+              f"{r['twin_request_spread']:.2%}; measured/predicted {_ratios(r)}"
+              + (f"; idle gaps {r['gap_actual_s'] * 1e3:.1f} / {r['gap_predicted_s'] * 1e3:.1f} ms"
+                 if "gap_actual_s" in r else ""))
     print(f"  measured over predicted time per op kind (medians): {_ratios(acc)}")
+    if "gap_actual_s" in acc:
+        print(f"  devices idle between ops (medians, summed over devices): measured "
+              f"{acc['gap_actual_s'] * 1e3:.1f} ms, predicted {acc['gap_predicted_s'] * 1e3:.1f} "
+              f"ms; ops' CPU over wall time {acc.get('cpu_share', float('nan')):.2f}")
 
 
 def _ratios(figures: dict[str, Any]) -> str:

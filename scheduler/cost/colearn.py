@@ -20,6 +20,15 @@ level from solo ops, keeps the factors apart from the online refit, which learns
 solo times converted with these same factors: a factor too low would otherwise be
 confirmed by estimates it had inflated itself. A pair's factor is the median over its window,
 clamped to [1, `CAP`]; pairs without `MIN_SAMPLES` keep the profile's.
+
+Ops whose thread ran less than `MIN_CPU_SHARE` of their wall time (where the executor
+measured it) teach nothing, solo or overlapped: co-location slows an op that keeps its
+core (memory bandwidth, shared caches, the server's own threads), while an op descheduled
+for most of its time waited for a core that other work on the machine held. On a 2-core
+machine shared with other work, ops ran at 0.25-0.35 of their wall time and the factors
+learnt from them reached 2.5-2.8x, which the simulator then applied after the load had
+gone (`python -m benchmarks.scheduler simulator --parts accuracy`: 1.71 s run, 2.40 s
+predicted).
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ MIN_SAMPLES = 8  # a pair's factor (and a class's solo level) needs this many op
 DOMINANT = 0.8  # of an op's overlap with one class, for that pair to learn from it
 MIN_FRACTION = 0.3  # of an op's own time overlapped, for it to teach a factor
 CAP = 4.0  # a larger factor is clamped (a stall, not co-location)
+MIN_CPU_SHARE = 0.7  # an op whose thread ran less of its wall time waited for a core
 UPDATE_EVERY = 16  # overlapped ops between re-estimates
 CHANGE = 0.01  # a learnt factor that moves less keeps the one in use
 LOG_CHANGE = 0.1  # a learnt factor is logged when it moves this much since last logged
@@ -59,10 +69,13 @@ class ColocationLearner:
         self._logged: dict[tuple[str, str], float] = {}  # factors last logged
 
     def add(self, cls: int, measured: float, predicted: float,
-            overlap_s: Sequence[float]) -> None:
-        """One op of class index `cls`: measured and predicted solo seconds, its overlaps."""
+            overlap_s: Sequence[float], cpu_s: float | None = None) -> None:
+        """One op of class index `cls`: measured and predicted solo seconds, its overlaps,
+        and its thread's CPU seconds over `measured` (None: not measured)."""
         if cls < 0 or measured <= 0 or predicted <= 0:
             return
+        if cpu_s is not None and cpu_s < MIN_CPU_SHARE * measured:
+            return  # NOTE: waited for a core (see the module docstring), not for a neighbour
         total = sum(overlap_s)
         if total <= 0:
             self._solo[cls].append(measured / predicted)

@@ -229,7 +229,7 @@ class Estimators:
         except KeyError:  # never profiled, no fallback: nothing to compare with yet
             return
         predicted = est.predict_base(op_features(op.shape, self.native_rows))
-        self.colearn.add(r.cls, op.end - op.start, predicted, r.overlap_s)
+        self.colearn.add(r.cls, op.end - op.start, predicted, r.overlap_s, op.cpu_s)
         if self.colearn.due():
             self._relearn_interference()
 

@@ -9,6 +9,8 @@ from benchmarks.scheduler.simulator import (
     Recorder,
     _replay,
     _report,
+    cpu_share,
+    idle_gaps,
     main,
     op_ratios,
     prediction_error,
@@ -76,6 +78,10 @@ def test_the_accuracy_report_shows_every_repeat(capsys: pytest.CaptureFixture[st
     assert "without learning" not in out
     _report({"accuracy": {**acc, "op_ratio_layers": 1.3, "op_ratio_head": 0.9}}, 200, 2)
     assert "per op kind (medians): layers 1.30x, head 0.90x" in capsys.readouterr().out
+    _report({"accuracy": {**acc, "gap_actual_s": 0.0123, "gap_predicted_s": 0.0021,
+                          "cpu_share": 0.934}}, 200, 2)
+    assert "measured 12.3 ms, predicted 2.1 ms; ops' CPU over wall time 0.93" in \
+        capsys.readouterr().out
     _report({"accuracy": {**acc, "without_learning": {**acc, "e2e_error": 0.0812}}}, 200, 2)
     out = capsys.readouterr().out
     assert "accuracy: end-to-end" in out and "error 6.50%" in out
@@ -93,6 +99,29 @@ def test_op_ratios_weigh_each_kind_by_time_and_skip_ops_that_never_ran() -> None
     # layers ran 0.04 + 0.06 s against 0.02 + 0.03 predicted; head 5 ms against 10
     assert op_ratios(pred, ops) == pytest.approx(
         {"op_ratio_embed": 1.0, "op_ratio_head": 0.5, "op_ratio_layers": 2.0})
+
+
+def test_idle_gaps_count_each_device_between_its_first_start_and_last_end() -> None:
+    # (device, ran from, to, predicted from, to): the run leaves 2 ms between ops 0 and 1
+    # and 1 ms between 2 and 3 (op 3 overlaps nothing on cpu:1 before it); predicted back to back
+    spans = {0: ("cpu:0", 0.0, 0.010, 0.0, 0.010), 1: ("cpu:0", 0.012, 0.020, 0.010, 0.018),
+             2: ("cpu:1", 0.005, 0.015, 0.005, 0.015), 3: ("cpu:1", 0.016, 0.020, 0.015, 0.019),
+             4: ("cpu:0", None, None, 0.030, 0.040)}  # never ran: left out on both sides
+    ops = [OpInstance(i, "layers[0:5]", OpRole.COMPUTE, 1, dev, Priority.LOW, SHAPE, ("r",),
+                      start=a, end=b) for i, (dev, a, b, _, _) in spans.items()]
+    pred = Prediction({i: s[3] for i, s in spans.items()}, {i: s[4] for i, s in spans.items()},
+                      {}, {}, False, 0.04)
+    assert idle_gaps(pred, ops) == pytest.approx({"gap_actual_s": 0.003, "gap_predicted_s": 0.0})
+
+
+def test_cpu_share_is_cpu_over_wall_time_of_the_ops_the_executor_timed() -> None:
+    def op(i: int, wall: float, cpu: float | None) -> OpInstance:
+        return OpInstance(i, "head", OpRole.COMPUTE, 7, "cpu:0", Priority.LOW, SHAPE, ("r",),
+                          start=0.0, end=wall, cpu_s=cpu)
+
+    assert cpu_share([op(0, 0.010, 0.008), op(1, 0.030, 0.024), op(2, 0.5, None)]) == \
+        pytest.approx({"cpu_share": 0.8})
+    assert cpu_share([op(0, 0.010, None)]) == {}
 
 
 def test_prediction_error_and_the_spread_of_identical_runs() -> None:

@@ -133,3 +133,25 @@ def test_a_learnt_slowdown_is_logged_at_debug_when_it_moves_a_tenth(
     summary = est.learning.summary()
     assert summary is not None and f"co-location slowdowns {len(lines)} change(s)" in summary
     assert "estimator refits" in summary
+
+
+def test_ops_that_waited_for_a_core_teach_no_factor() -> None:
+    """Ops that kept their core show a 1.3x neighbour; ops descheduled most of their time
+    (other work on the machine: 3x their solo time, a third of it on the CPU) are left out,
+    solo or overlapped, so they neither inflate the factor nor the solo level."""
+    learner = ColocationLearner()
+    rng = random.Random(4)
+    _feed(learner, rng, 1.0, 1.3)
+    for _ in range(40):
+        solo = rng.uniform(0.01, 0.1)
+        learner.add(LAYERS, 3 * solo, solo, _overlap(), cpu_s=solo)
+        learner.add(LAYERS, 3 * solo * 1.3, solo, _overlap(head=3 * solo * 1.3), cpu_s=solo)
+        learner.add(LAYERS, solo * 1.3, solo, _overlap(head=solo * 1.3), cpu_s=solo * 1.2)
+    assert learner.slowdowns({}) == {("layers", "head"): pytest.approx(1.3)}
+    # the same descheduled ops without their CPU time would move it
+    blind = ColocationLearner()
+    _feed(blind, random.Random(4), 1.0, 1.3)
+    for _ in range(40):
+        solo = rng.uniform(0.01, 0.1)
+        blind.add(LAYERS, 3 * solo * 1.3, solo, _overlap(head=3 * solo * 1.3))
+    assert blind.slowdowns({})[("layers", "head")] > 1.5
