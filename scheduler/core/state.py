@@ -130,7 +130,7 @@ class RequestState:
                 self.num_computed, self.placement, blocks, self.status is Status.SWAPPED,
                 cached, shared, self.req.sampling.prompt_logprobs is not None, self.req.model,
                 self.req.tpot_slo_s, self.last_token_time,
-                self._proposal(), 0.0 if self.spec is None else self.spec.acceptance.rate)
+                self._proposal(), (0.0, 0.0) if self.spec is None else self.spec.acceptance.rates)
         return self._view
 
     def _proposal(self) -> tuple[int, ...]:

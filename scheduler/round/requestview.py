@@ -34,9 +34,10 @@ class RequestView:
     tpot_slo_s: float | None = None  # its inter-token target (policies/pace.py); None: none
     last_token_s: float | None = None  # when its last token was emitted (None: none yet)
     # speculative decoding (scheduler/spec/): the tokens prompt lookup proposes after its
-    # last one (empty when it does not speculate), and its acceptance rate so far
+    # last one (empty when it does not speculate), and its acceptance rates so far
+    # (`scheduler.spec.choice.Rates`: first draft, each next one after an accepted one)
     draft: tuple[int, ...] = ()
-    accept_rate: float = 0.0
+    acceptance: tuple[float, float] = (0.0, 0.0)
 
     @property
     def ttft_deadline(self) -> float | None:

@@ -2,11 +2,20 @@
 
 A verify step of k drafts feeds k + 1 tokens and scores k + 1 rows: it costs
 `cost(k)` against `cost(0)` for a plain decode step (the estimators' op times on
-the two batch shapes). With a per-token acceptance rate a (each draft accepted
-independently, a simplification), it emits E(k) = (1 - a^(k+1)) / (1 - a) tokens
-on average against 1. The choice is the k that maximises E(k) / cost(k), and 0
-(no drafting) unless that beats a plain step by `MIN_GAIN`: where drafts are
-rarely accepted (plain chat) the scheduler stops drafting.
+the two batch shapes). Acceptance is modelled with two rates: `first`, that the
+first draft is accepted, and `next`, that a draft is accepted once the one
+before it was. A step then emits on average E(k) = 1 + first * (1 + next + ...
++ next^(k-1)) tokens against 1. The choice is the k that maximises E(k) / cost(k),
+and 0 (no drafting) unless that beats a plain step by `MIN_GAIN`: where drafts
+are rarely accepted (plain chat) the scheduler stops drafting.
+
+NOTE: one rate for every position (each draft accepted independently) fitted code
+edits poorly: there a step accepts all its drafts (a copied run) or none (the edit,
+or text the prompt lacks). Measured on spec-bench's code edits (k <= 5, 239 verify
+steps): 79% of first drafts accepted, then 91-96% of each next one tried; the one-rate
+EWMA fell after each rejection and drafted fewer than the 5 proposed in 122 steps, 77
+of which then accepted all they drafted. Replayed over the same answers, the two rates
+cut the modelled TPOT by about 5% (docs/speculation.md).
 """
 
 from __future__ import annotations
@@ -14,43 +23,54 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-PRIOR_ACCEPT = 0.6  # acceptance assumed before a request's first verify
-EWMA_WEIGHT = 0.3  # weight of the latest verify step in the estimate
-RECOVER = 0.05  # per step without drafts, the estimate moves this far back to the prior
+PRIOR_FIRST = 0.6  # first-draft acceptance assumed before a request's first verify
+PRIOR_NEXT = 0.9  # acceptance of a draft after an accepted one, before the first verify
+EWMA_WEIGHT = 0.3  # weight of the latest verify step in each estimate
+RECOVER = 0.05  # per step without drafts, `first` moves this far back to its prior
 MIN_GAIN = 1.05  # drafting must promise this many times the tokens per second of a decode
+
+Rates = tuple[float, float]  # (first, next): see the module docstring
 
 
 @dataclass(slots=True)
 class Acceptance:
-    """A request's running estimate of the per-token acceptance rate (an EWMA)."""
+    """A request's running estimates of its two acceptance rates (EWMAs)."""
 
-    rate: float = PRIOR_ACCEPT
+    first: float = PRIOR_FIRST
+    next: float = PRIOR_NEXT
+
+    @property
+    def rates(self) -> Rates:
+        return (self.first, self.next)
 
     def observe(self, num_draft: int, num_accepted: int) -> None:
         """After a verify step: `num_accepted` of `num_draft` drafts were accepted."""
         if num_draft <= 0:
             return
-        # NOTE: drafts are tried in order until the first rejection, so a step is
-        # `num_accepted` successes and at most one failure: accepted / trials is the
-        # geometric model's estimate of a. accepted / drafted (tried first) counts the
-        # drafts after a rejection as failures too and ran low: on code edits it drafted
-        # 3.2 of 5 tokens a step, 10.42 ms TPOT against 8.02 drafting every proposal
-        trials = num_accepted + (num_accepted < num_draft)
-        self.rate += EWMA_WEIGHT * (num_accepted / trials - self.rate)
+        self.first += EWMA_WEIGHT * ((num_accepted > 0) - self.first)
+        # NOTE: drafts are tried in order until the first rejection: past the first, a step
+        # is `num_accepted - 1` successes and at most one failure (accepted / trials, the
+        # geometric estimate); the drafts after a rejection were never tried and do not count
+        trials = max(num_accepted - 1, 0) + (0 < num_accepted < num_draft)
+        if trials:
+            self.next += EWMA_WEIGHT * ((num_accepted - 1) / trials - self.next)
 
     def idle(self) -> None:
-        """A step without drafts: drift back toward the prior, so drafting is retried."""
-        self.rate += RECOVER * (PRIOR_ACCEPT - self.rate)
+        """A step without drafts: `first` drifts back toward its prior, so drafting is
+        retried."""
+        self.first += RECOVER * (PRIOR_FIRST - self.first)
 
 
-def expected_tokens(rate: float, k: int) -> float:
-    """Tokens a verify of k drafts emits on average at per-token acceptance `rate`."""
-    if rate >= 1.0:
-        return float(k + 1)
-    return (1.0 - rate ** (k + 1)) / (1.0 - rate)
+def expected_tokens(rates: Rates, k: int) -> float:
+    """Tokens a verify of k drafts emits on average at acceptance `rates` (first, next)."""
+    first, nxt = rates
+    if k <= 0:
+        return 1.0
+    run = float(k) if nxt >= 1.0 else (1.0 - nxt ** k) / (1.0 - nxt)
+    return 1.0 + first * run
 
 
-def choose_k(rate: float, max_k: int, cost: Callable[[int], float],
+def choose_k(rates: Rates, max_k: int, cost: Callable[[int], float],
              others: float = 0.0) -> int:
     """The number of drafts (0..max_k) maximising the step's expected tokens per second;
     0 unless that beats the plain step (`cost(0)`) by `MIN_GAIN`. `cost(k)`: the step's
@@ -61,7 +81,7 @@ def choose_k(rate: float, max_k: int, cost: Callable[[int], float],
     plain = (others + 1.0) / base
     best_k, best = 0, plain
     for k in range(1, max_k + 1):
-        gain = (others + expected_tokens(rate, k)) / cost(k)
+        gain = (others + expected_tokens(rates, k)) / cost(k)
         if gain > best:
             best_k, best = k, gain
     return best_k if best >= MIN_GAIN * plain else 0

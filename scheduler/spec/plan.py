@@ -26,14 +26,14 @@ def decode_feeds(draft: Draft, members: list[RequestView], priority: Priority) -
     for i, r in enumerate(members):
         if not r.draft:
             continue
-        others = sum(expected_tokens(f.req.accept_rate, f.num_draft)
+        others = sum(expected_tokens(f.req.acceptance, f.num_draft)
                      for j, f in enumerate(feeds) if j != i)
 
         def cost(k: int, i: int = i, r: RequestView = r) -> float:
             trial = [*feeds[:i], Feed(r, r.num_computed, 1 + k), *feeds[i + 1:]]
             return _step_s(draft, r, shape_of_chunk(trial))
 
-        k = choose_k(r.accept_rate, len(r.draft), cost, others)
+        k = choose_k(r.acceptance, len(r.draft), cost, others)
         if k and draft.grow(r, r.num_tokens + k):
             feeds[i] = Feed(r, r.num_computed, 1 + k)
     return feeds

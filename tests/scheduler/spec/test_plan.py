@@ -23,7 +23,7 @@ def _decoding(rid: str, priority: Priority = Priority.NORMAL, rate: float = 0.9,
               draft: tuple[int, ...] = (5, 6, 7, 8)):  # type: ignore[no-untyped-def]
     r = req(rid, priority, prompt=40, max_tokens=64, placement=P0, computed=44, output=5,
             blocks=3)
-    return dataclasses.replace(r, draft=draft, accept_rate=rate)
+    return dataclasses.replace(r, draft=draft, acceptance=(rate, rate))
 
 
 def test_a_member_with_a_likely_draft_verifies_it_and_grows_for_it() -> None:
