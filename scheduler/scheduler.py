@@ -27,7 +27,7 @@ from models.batch import BatchSource, SeqSpec, TokenHistory
 from models.loader import Model
 from models.logprobs import TokenLogprobs, runs_of, unpack
 from models.lora import AdapterError
-from models.modelset import first_model
+from models.modelset import adapters_of, first_model
 from models.template import OpKind
 from scheduler.api import (
     NO_DEVICE,
@@ -183,7 +183,8 @@ class Scheduler(Components):
         if request.request_id in self.states:
             raise ValueError(f"duplicate request id {request.request_id}")
         request.model = self.model_of(request.model)
-        if request.adapter is not None and request.adapter not in self.model.adapters:
+        if request.adapter is not None and \
+                request.adapter not in adapters_of(self.model, request.model):
             raise AdapterError(f"adapter {request.adapter!r} is not loaded")
 
     def _enqueue(self, state: RequestState) -> None:

@@ -155,10 +155,11 @@ class FakeAdapterHost:
         self.removed: list[str] = []
         self.busy_names: set[str] = set()  # adapters the "scheduler" still runs
 
-    def add(self, name: str, path: str) -> None:
+    def add(self, name: str, path: str, base: str | None = None) -> str:
         if not (Path(path) / "adapter_config.json").is_file():
             raise ValueError(f"adapter {name!r}: {path} has no adapter_config.json")
         self.loaded[name] = path
+        return base or ""
 
     def remove(self, name: str) -> None:
         del self.loaded[name]
