@@ -27,7 +27,7 @@ from models.batch import BatchSource, SeqSpec, TokenHistory
 from models.loader import Model
 from models.logprobs import TokenLogprobs, runs_of, unpack
 from models.lora import AdapterError
-from models.modelset import adapters_of, first_model
+from models.modelset import adapters_of
 from models.template import OpKind
 from scheduler.api import (
     NO_DEVICE,
@@ -642,10 +642,9 @@ class Scheduler(Components):
         return self.gmg.to_json()
 
     async def time_direct(self, prompt_ids: list[int], max_tokens: int,
-                          device: str | None = None) -> DirectTiming:
-        return await time_direct(self.exec, first_model(self.model), list(self.devices),
-                                 prompt_ids,
-                                 max_tokens, self.cfg.block_size, device)
+                          device: str | None = None, model: str = "") -> DirectTiming:
+        return await time_direct(self.exec, self.model, list(self.devices), prompt_ids,
+                                 max_tokens, self.cfg.block_size, device, model)
 
     def timeline(self, since: float) -> list[dict[str, Any]]:
         self._book()
