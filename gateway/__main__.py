@@ -68,8 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = commands.add_parser("serve", help="run the HTTP server")
     s.add_argument("--config", help="YAML or TOML config file (flags override it)")
     s.add_argument("--model", action="append",
-                   help="model spec: 'default', a folder or a hub id; or NAME=SPEC, repeated, "
-                        "for several models in one server (docs/models.md)")
+                   help="model spec: 'default', a folder or a hub id; or "
+                        "NAME=SPEC[@DEVICE,...][,dtype=D][,kv_share=S], repeated, for several "
+                        "models in one server (docs/models.md)")
     s.add_argument("--served-model-name", help="the model name clients send")
     s.add_argument("--dtype", choices=DTYPES)
     s.add_argument("--max-model-len", type=int, help="context limit in tokens")

@@ -34,9 +34,11 @@ NAME_RULE = "1 to 128 letters, digits or . _ : / @ + -, starting with a letter o
 class AdapterHost(Protocol):
     """Where adapters run: a model's adapter set and the loader of its PEFT folders."""
 
-    def add(self, name: str, path: str) -> None:
-        """Read the adapter in folder `path` as `name` and serve it from now on; ValueError
-        (the core's AdapterError) saying why it cannot."""
+    def add(self, name: str, path: str, base: str | None = None) -> str:
+        """Read the adapter in folder `path` as `name` and serve it from now on on base model
+        `base` (None: the one its folder names, or the first it fits); the base model chosen
+        (a `Target.base`: "" for the first). ValueError (the core's AdapterError) saying why
+        it cannot."""
 
     def remove(self, name: str) -> None:
         """Stop serving `name` and free its memory."""
@@ -52,7 +54,7 @@ class NoAdapters:
     def __init__(self, reason: str = "this server serves no LoRA adapters") -> None:
         self.reason = reason
 
-    def add(self, name: str, path: str) -> None:
+    def add(self, name: str, path: str, base: str | None = None) -> str:
         raise ValueError(self.reason)
 
     def remove(self, name: str) -> None:
@@ -65,6 +67,7 @@ class NoAdapters:
 @dataclass(slots=True)
 class _Entry:
     path: str
+    base: str = ""  # its base model (a `Target.base`: "" for the first)
     in_flight: int = 0  # requests holding a lease
     unloading: bool = False  # hidden; removed from the host when in_flight reaches 0
 
@@ -103,6 +106,12 @@ class Adapters:
         self._sweep()
         with self._lock:
             return {n: e.path for n, e in self._entries.items() if not e.unloading}
+
+    def base_of(self, name: str) -> str:
+        """The base model adapter `name` runs on ("": the first; also for an unknown name)."""
+        with self._lock:
+            entry = self._entries.get(name)
+            return "" if entry is None else entry.base
 
     def __contains__(self, name: object) -> bool:
         with self._lock:
@@ -143,15 +152,16 @@ class Adapters:
 
     # ---- load and unload -----------------------------------------------------------------
 
-    def load_now(self, name: str, path: str) -> None:
-        """Load adapter `name` from folder `path` (blocking); ApiError 400 when the name is
-        taken or the folder is not an adapter of the base model."""
+    def load_now(self, name: str, path: str, base: str | None = None) -> None:
+        """Load adapter `name` from folder `path` on base model `base` (None: the host picks,
+        see `AdapterHost.add`), blocking; ApiError 400 when the name is taken or the folder
+        is not an adapter of the base model."""
         self._sweep()
         with self._lock:
             self._check_free(name)
             self._loading.add(name)
         try:
-            self.host.add(name, path)
+            chosen = self.host.add(name, path, base)
         except ValueError as exc:
             raise ApiError(400, f"Cannot load LoRA adapter {clip(name)}: {exc}",
                            param="lora_path", code="invalid_lora_adapter") from None
@@ -159,12 +169,13 @@ class Adapters:
             with self._lock:
                 self._loading.discard(name)
         with self._lock:
-            self._entries[name] = _Entry(path)
-        logger.info("LoRA adapter %r loaded from %s", name, path)
+            self._entries[name] = _Entry(path, chosen)
+        logger.info("LoRA adapter %r loaded from %s%s", name, path,
+                    f" on model {chosen!r}" if chosen else "")
 
-    async def load(self, name: str, path: str) -> None:
+    async def load(self, name: str, path: str, base: str | None = None) -> None:
         """`load_now` in a worker thread."""
-        await asyncio.to_thread(self.load_now, name, path)
+        await asyncio.to_thread(self.load_now, name, path, base)
 
     def unload(self, name: str) -> int:
         """Hide adapter `name` from new requests; it is removed now, or when the last of its

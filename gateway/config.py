@@ -106,15 +106,10 @@ def parse_queue_bounds(value: Any, key: str) -> dict[str, int] | None:
 
 def parse_lora(value: Any) -> dict[str, str]:
     """`{NAME: PATH}` or `["NAME=PATH", ...]` (vLLM's --lora-modules, whose JSON form
-    `{"name": ..., "path": ...}` is taken too) -> a validated dict, in order."""
-    if isinstance(value, Mapping):
-        pairs = list(value.items())
-    elif isinstance(value, list | tuple):
-        pairs = [_lora_pair(item) for item in value]
-    else:
-        raise ConfigError("model.lora: a mapping of NAME: PATH, or a list of NAME=PATH")
+    `{"name": ..., "path": ..., "base_model_name": ...}` is taken too; in a mapping a value may
+    be `{path, base_model_name}`) -> a validated dict name -> path, in order."""
     out: dict[str, str] = {}
-    for name, path in pairs:
+    for name, path, _ in _lora_triples(value):
         _require(isinstance(name, str) and bool(ADAPTER_NAME.fullmatch(name)), "model.lora",
                  f"adapter name {name!r}: {NAME_RULE}")
         _require(isinstance(path, str) and bool(path.strip()), "model.lora",
@@ -124,17 +119,41 @@ def parse_lora(value: Any) -> dict[str, str]:
     return out
 
 
-def _lora_pair(item: Any) -> tuple[Any, Any]:
+def parse_lora_bases(value: Any) -> dict[str, str]:
+    """The adapters of `model.lora` (as `parse_lora` reads it) that name their base model
+    (`base_model_name`, vLLM's key) -> that name."""
+    out: dict[str, str] = {}
+    for name, _, base in _lora_triples(value):
+        if base is not None:
+            _require(isinstance(base, str) and bool(base.strip()), "model.lora",
+                     f"adapter {name!r}: base_model_name must be a non-empty string")
+            out[name] = base.strip()
+    return out
+
+
+def _lora_triples(value: Any) -> list[tuple[Any, Any, Any]]:
+    if isinstance(value, Mapping):
+        return [_lora_triple({"name": k, **v} if isinstance(v, Mapping) else f"{k}={v}")
+                if isinstance(k, str) and isinstance(v, str | Mapping) else (k, v, None)
+                for k, v in value.items()]
+    if isinstance(value, list | tuple):
+        return [_lora_triple(item) for item in value]
+    raise ConfigError("model.lora: a mapping of NAME: PATH, or a list of NAME=PATH")
+
+
+def _lora_triple(item: Any) -> tuple[Any, Any, Any]:
     if isinstance(item, str) and item.lstrip().startswith("{"):
         try:
             item = json.loads(item)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"model.lora: {item!r} is not JSON: {exc}") from None
     if isinstance(item, Mapping):
-        return item.get("name"), item.get("path")
+        unknown = set(item) - {"name", "path", "base_model_name"}
+        _require(not unknown, "model.lora", f"unknown key(s) {', '.join(sorted(unknown))}")
+        return item.get("name"), item.get("path"), item.get("base_model_name")
     if isinstance(item, str) and "=" in item:
         name, _, path = item.partition("=")
-        return name.strip(), path
+        return name.strip(), path, None
     raise ConfigError(f"model.lora: {item!r}: use NAME=PATH")
 
 
@@ -157,6 +176,9 @@ class ModelSettings:
     tool_parser: str = "auto"
     # LoRA adapters loaded at start-up: name -> PEFT folder (or a list of "NAME=PATH")
     lora: Any = field(default_factory=dict)
+    # adapter -> the base model it runs on, for those of `lora` that name one (read from
+    # `lora`'s `base_model_name`s, docs/lora.md)
+    lora_bases: Any = field(default_factory=dict)
     lora_reserve_gib: float = 0.0  # kept on each device for adapters loaded at run time
     # several base models in one server (gateway/model_entries.py, docs/models.md); empty:
     # the one model of `spec`
@@ -171,7 +193,12 @@ class ModelSettings:
     layer_groups: Any = ()
 
     def __post_init__(self) -> None:
+        _require(isinstance(self.lora_bases, Mapping) and all(
+            isinstance(v, str) for v in self.lora_bases.values()), "model.lora_bases",
+            "a mapping of adapter name: base model name")
+        bases = {**self.lora_bases, **parse_lora_bases(self.lora)}
         object.__setattr__(self, "lora", parse_lora(self.lora))
+        object.__setattr__(self, "lora_bases", {n: b for n, b in bases.items() if n in self.lora})
         try:
             object.__setattr__(self, "models", parse_models(self.models))
         except ModelEntryError as exc:

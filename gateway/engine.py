@@ -117,6 +117,15 @@ def base_names(model: Model, config: GatewayConfig) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
+def adapter_bases(model: Model, config: GatewayConfig) -> dict[str, tuple[str, ...]]:
+    """The base models adapters may run on (a `Target.base`: "" for the first) -> the names
+    that identify each: its served names first, then its spec (gateway/lora.py)."""
+    if not config.model.models:
+        return {"": (*base_names(model, config), str(model.path))}
+    return {("" if i == 0 else e.name): (e.name, e.spec)
+            for i, e in enumerate(config.model.models)}
+
+
 def engine_for_model(model: Model, scheduler: SchedulerAPI, config: GatewayConfig,
                      adapters: Adapters | None = None) -> Engine:
     """An Engine over a loaded `models.Model` and the scheduler that runs it.
@@ -226,10 +235,10 @@ def build_engine(config: GatewayConfig) -> Engine:
     threads = config.scheduler.cpu_threads or cpu_threads(sum(d.kind == "cpu" for d in devices))
     model = load_models(config, threads)
     # NOTE: before the scheduler, whose memory reserve for adapters counts those loaded
-    host = ModelAdapters(first_model(model))
+    host = ModelAdapters(model, adapter_bases(model, config))
     # NOTE: no adapter may take the name of any base model
     reserved = (*base_names(model, config), *(m.name for m in config.model.models[1:]))
-    adapters = startup_adapters(host, config.model.lora, reserved)
+    adapters = startup_adapters(host, config.model.lora, reserved, config.model.lora_bases)
     cfg = scheduler_config(config.scheduler, _max_len(model, config),
                            config.model.lora_reserve_gib)
     # NOTE: the warm-up runs before profiling, which it would slow

@@ -41,12 +41,15 @@ def _adapter_name(body: dict[str, Any]) -> str:
 
 @router.post("/v1/load_lora_adapter")
 async def load_lora_adapter(request: Request) -> Response:
-    """Load the PEFT adapter in folder `lora_path` (on the server) as model `lora_name`."""
+    """Load the PEFT adapter in folder `lora_path` (on the server) as model `lora_name`, on
+    base model `base_model_name` when the body names one (slicegate's; vLLM's key of
+    `--lora-modules`), else on the one its folder names or the first it fits."""
     state = state_of(request)
     authorize_admin(state.tenants.current, request.headers.get("authorization"))
     body = parse_json(await request.body())
     name, path = _adapter_name(body), _string(body, "lora_path")
-    await state.engine.adapters.load(name, path)
+    base = _string(body, "base_model_name") if "base_model_name" in body else None
+    await state.engine.adapters.load(name, path, base)
     return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
 
 

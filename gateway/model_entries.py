@@ -8,8 +8,8 @@ In a config file::
         - {name: batch, spec: default, dtype: float32}
         - {name: small, spec: tiny-random-qwen2, kv_share: 0.5}
 
-or on the command line `--model chat=default@cpu:0 --model batch=default` (repeated;
-`@DEVICE,...` names its devices). A
+or on the command line `--model chat=default@cpu:0 --model batch=default,dtype=float32`
+(repeated; `@DEVICE,...` names its devices, then `,dtype=D` and `,kv_share=S` may follow). A
 request's `model` picks one by name; the first is what requests without `model`
 (and tenants without `default_model`) run on.
 """
@@ -57,7 +57,7 @@ class ModelEntry:
 
 
 def parse_models(value: Any) -> tuple[ModelEntry, ...]:
-    """`[{name, spec, dtype, devices, kv_share}, ...]` or `["NAME=SPEC[@DEVICE,...]", ...]`
+    """`[{name, spec, dtype, devices, kv_share}, ...]` or `["NAME=SPEC[@DEVICE,...][,K=V]", ...]`
     -> validated entries; () for none. ModelEntryError for a bad entry or a name given twice."""
     if value is None:
         return ()
@@ -70,14 +70,42 @@ def parse_models(value: Any) -> tuple[ModelEntry, ...]:
     return entries
 
 
+def _flag(item: str) -> ModelEntry:
+    """`NAME=SPEC[@DEVICE,...][,dtype=D][,kv_share=S]`: a `--model` flag's entry. NOTE: the
+    options come after the devices, each `KEY=VALUE`; a part without `=` is one more device
+    (so a device list keeps its commas)."""
+    name, _, rest = item.partition("=")
+    head, *parts = rest.split(",")
+    spec, at, first = head.partition("@")
+    devices = [first] if at else []
+    options: dict[str, str] = {}
+    for part in parts:
+        key, eq, value = part.partition("=")
+        if eq:
+            options[key.strip()] = value.strip()
+        elif at and not options:
+            devices.append(part)
+        else:
+            raise ModelEntryError(f"{item!r}: {part!r} is neither a device after '@' nor "
+                                  "KEY=VALUE; use NAME=SPEC[@DEVICE,...][,dtype=D][,kv_share=S]")
+    unknown = set(options) - {"dtype", "kv_share"}
+    if unknown:
+        raise ModelEntryError(f"{item!r}: unknown option(s) {', '.join(sorted(unknown))} "
+                              "(dtype, kv_share)")
+    try:
+        share = float(options.get("kv_share", 1.0))
+    except ValueError:
+        raise ModelEntryError(f"model {name.strip()!r}: kv_share must be a positive "
+                              "number") from None
+    return ModelEntry(name.strip(), spec.strip(), options.get("dtype"),
+                      tuple(d.strip() for d in devices) if at else None, share)
+
+
 def _entry(item: Any) -> ModelEntry:
     if isinstance(item, ModelEntry):
         return item
     if isinstance(item, str) and "=" in item:
-        name, _, spec = item.partition("=")
-        spec, at, on = spec.partition("@")
-        return ModelEntry(name.strip(), spec.strip(), None,
-                          tuple(d.strip() for d in on.split(",")) if at else None)
+        return _flag(item)
     if isinstance(item, Mapping):
         unknown = set(item) - {"name", "spec", "dtype", "devices", "kv_share"}
         if unknown:

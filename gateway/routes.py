@@ -129,23 +129,22 @@ async def admin_timeline(request: Request) -> Response:
 
 @router.post("/admin/direct")
 async def admin_direct(request: Request) -> Response:
-    """A /v1/completions body's operator chain timed directly on a device's executor thread
-    (`?device=`, default the first), with no serving path around it: the baseline that
-    `loadgen probe --overhead` pairs with each request. The device runs nothing else
-    meanwhile."""
+    """A /v1/completions body's operator chain (its `model`'s) timed directly on a device's
+    executor thread (`?device=`, default the first that model runs on), with no serving
+    path around it: the baseline that `loadgen probe --overhead` pairs with each request.
+    The device runs nothing else meanwhile."""
     state = state_of(request)
     authorize_admin(state.tenants.current, request.headers.get("authorization"))
     body = parse_completion(parse_json(await request.body()), 1)
     check_model(state.engine, body.options.model, adapters=False)
-    if body.options.model in state.engine.base_models:
-        raise invalid("model", "/admin/direct times the first model's chain only; leave "
-                               "'model' out or name that model.")
-    [prompt] = tokenize_completion(state.engine, body.prompts, body.suffix)
-    max_tokens = resolve_max_tokens(body.options, len(prompt), state.engine.max_model_len,
+    base = body.options.model if body.options.model in state.engine.base_models else ""
+    engine = state.engine.of(base)  # NOTE: the named model's chain and tokenizer
+    [prompt] = tokenize_completion(engine, body.prompts, body.suffix)
+    max_tokens = resolve_max_tokens(body.options, len(prompt), engine.max_model_len,
                                     chat=False)
     try:
         t = await state.engine.scheduler.time_direct(prompt, max_tokens,
-                                                     request.query_params.get("device"))
+                                                     request.query_params.get("device"), base)
     except DirectUnavailable as e:
         raise invalid("device", str(e)) from None
     return json_response({"device": t.device, "prompt_tokens": len(prompt),

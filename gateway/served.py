@@ -1,4 +1,4 @@
-"""What a request's `model` names: the base model or one of its LoRA adapters, as its
+"""What a request's `model` names: a base model or a LoRA adapter (on its base model), as its
 tenant may use them; and `/v1/models`' list of them.
 
 A request without `model` runs on its tenant's `default_model`, else on the
@@ -36,7 +36,7 @@ def resolve_model(engine: Engine, tenant: Tenant, model: str | None) -> Target:
         target = Target(engine.served_model_name)
         names = {engine.served_model_name, *engine.model_aliases}
     elif name in engine.adapters:
-        target, names = Target(name, name), {name}
+        target, names = Target(name, name, engine.adapters.base_of(name)), {name}
     else:
         raise not_found(name)
     if not tenant.may_use(*names):
@@ -46,8 +46,8 @@ def resolve_model(engine: Engine, tenant: Tenant, model: str | None) -> Target:
 
 
 def model_cards(engine: Engine, tenant: Tenant | None) -> list[dict[str, Any]]:
-    """`/v1/models`' entries in vLLM's shape: the base model, then every adapter (`root` its
-    folder, `parent` the base); only those `tenant` may use (None: an admin, all)."""
+    """`/v1/models`' entries in vLLM's shape: the base models, then every adapter (`root` its
+    folder, `parent` its base model); only those `tenant` may use (None: an admin, all)."""
     base = engine.served_model_name
     cards = []
     if tenant is None or tenant.may_use(base, *engine.model_aliases):
@@ -64,7 +64,8 @@ def model_cards(engine: Engine, tenant: Tenant | None) -> list[dict[str, Any]]:
                           "sampling_defaults": member.sampling_defaults.as_dict()})
     for name, path in engine.adapters.served().items():
         if tenant is None or tenant.may_use(name):
+            parent = engine.adapters.base_of(name)
             cards.append({"id": name, "object": "model", "created": engine.created,
-                          "owned_by": "slicegate", "root": path, "parent": base,
-                          "max_model_len": engine.max_model_len})
+                          "owned_by": "slicegate", "root": path, "parent": parent or base,
+                          "max_model_len": engine.of(parent).max_model_len})
     return cards

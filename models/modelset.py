@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from models.loader import Model
+from models.lora import AdapterSet
 from models.ops import Op
 from models.template import GraphTemplate, OpTemplate
 
@@ -47,8 +48,8 @@ class Member:
 @dataclass
 class ModelSet(Model):
     """Models sharing one scheduler (see the module docstring). Its config and dtype are the
-    first member's, each member's KV pools its own geometry's; LoRA adapters are the first
-    member's."""
+    first member's, each member's KV pools its own geometry's. Each member keeps its own LoRA
+    adapters (`adapters_of`); the set's `adapters` are the first member's."""
 
     members: tuple[Member, ...] = field(default=(), repr=False)
 
@@ -95,8 +96,14 @@ class ModelSet(Model):
 
 def first_model(model: Model) -> Model:
     """The model itself, or a set's first member: what runs the work that takes one chain
-    (a direct timing, the warm-up, a background re-profile of op kinds, LoRA adapters)."""
+    (a direct timing, the warm-up, a background re-profile of op kinds)."""
     return model.members[0].model if isinstance(model, ModelSet) else model
+
+
+def adapters_of(model: Model, name: str = "") -> AdapterSet:
+    """The LoRA adapters of member `name` of a set ("": the first), or of the model itself
+    (its layer ops read them). KeyError for a member the set does not hold."""
+    return model.member(name).model.adapters if isinstance(model, ModelSet) else model.adapters
 
 
 def kv_geometry(model: Model) -> tuple[object, ...]:

@@ -235,10 +235,11 @@ class SchedulerAPI(Protocol):
         ...
 
     async def time_direct(self, prompt_ids: list[int], max_tokens: int,
-                          device: str | None = None) -> DirectTiming:
+                          device: str | None = None, model: str = "") -> DirectTiming:
         """A request's operator chain with no serving path around it: `max_tokens` greedy
-        steps of `prompt_ids`, timed on `device`'s executor thread (default: the first
-        device) between its ops. Raises `DirectUnavailable`."""
+        steps of `prompt_ids` through base model `model`'s chain (a `Request.model`; "": the
+        first), timed on `device`'s executor thread (default: the first device that model
+        runs on) between its ops. Raises `DirectUnavailable`."""
         ...
 
     async def start(self) -> None: ...

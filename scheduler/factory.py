@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping
+from pathlib import Path
 
 import torch
 
@@ -19,7 +21,7 @@ from scheduler.cost import firstrows
 from scheduler.cost.deferral import ServingLoad
 from scheduler.cost.estimators import FALLBACK_BANDWIDTH_BYTES_S, FALLBACK_MARGIN, Estimators
 from scheduler.cost.profiling import cpu_hosts, fallback_coefficients, load_or_profile
-from scheduler.cost.reprofile import PairProfiler
+from scheduler.cost.reprofile import Chain, PairProfiler
 from scheduler.memory.pools import check_weights
 from scheduler.scheduler import Scheduler
 from scheduler.sim import native as simloop
@@ -81,7 +83,8 @@ def build_scheduler(model: Model, devices: list[Device], cfg: SchedulerConfig,
     then make the scheduler; refits stay online."""
     check_weights(model, devices)
     model_devices(model, [d.name for d in devices], cfg)  # NOTE: its errors before profiling
-    est = estimators or profiled(model, profiled_as(devices), threads)
+    est, chains = (estimators, set_chains(model, {})) if estimators else \
+        profiled(model, profiled_as(devices), threads)
     simloop.library()  # NOTE: the simulator's C loop built now (~0.4 s on a fresh cache),
     # not in the first round that simulates
     bandwidth = est.copy_bandwidth_bytes_s or FALLBACK_BANDWIDTH_BYTES_S
@@ -98,25 +101,37 @@ def build_scheduler(model: Model, devices: list[Device], cfg: SchedulerConfig,
 
     est.on_interference = learnt
     local = [d.name for d in devices if d.node is None]
-    # NOTE: a re-profile of a set refits transfers; its op refits keep to the first model
+    # NOTE: a re-profile of a set times each member's chain and refits its ops under its
+    # names in the set; transfers are timed with the first model's
     sched.profiler = PairProfiler(first_model(model), est, devices=local,
                                   idle=lambda: not gmg.scheduled, threads=threads,
                                   on_device=sched.exec.on_device,
-                                  load=lambda: interactive_load(sched))
+                                  load=lambda: interactive_load(sched), chains=chains)
     est.on_drift = sched.profiler.request_kind
     return sched
 
 
-def profiled(model: Model, devices: list[Device], threads: int) -> Estimators:
+def profiled(model: Model, devices: list[Device], threads: int
+             ) -> tuple[Estimators, list[Chain]]:
     """The estimators of `model` (cached or profiled now); of a model set, every member's
-    under its op names in the set. NOTE: the set's estimators object is its first member's,
-    so transfers and interference are profiled once."""
+    under its op names in the set, and its chains for a re-profile (`set_chains`). NOTE: the
+    set's estimators object is its first member's, so transfers and interference are
+    profiled once."""
     if not isinstance(model, ModelSet):
-        return load_or_profile(model, devices, threads=threads)
+        return load_or_profile(model, devices, threads=threads), []
     parts = [(m.name, load_or_profile(m.model, devices, threads=threads)) for m in model.members]
+    caches = {name: e.cache_file for name, e in parts}
     est = parts[0][1]
     est.take_models(parts)
-    return est
+    return est, set_chains(model, caches)
+
+
+def set_chains(model: Model, caches: Mapping[str, Path | None]) -> list[Chain]:
+    """A set's members as a kind's re-profile times them, each written back into its own
+    start-up fit's cache (`caches`, by member; absent: not written); [] for one model."""
+    if not isinstance(model, ModelSet):
+        return []
+    return [Chain(m.model, f"{m.name}/", caches.get(m.name), m.devices) for m in model.members]
 
 
 def interactive_load(sched: Scheduler) -> ServingLoad:

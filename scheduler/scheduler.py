@@ -27,7 +27,7 @@ from models.batch import BatchSource, SeqSpec, TokenHistory
 from models.loader import Model
 from models.logprobs import TokenLogprobs, runs_of, unpack
 from models.lora import AdapterError
-from models.modelset import first_model
+from models.modelset import adapters_of
 from models.template import OpKind
 from scheduler.api import (
     NO_DEVICE,
@@ -183,7 +183,8 @@ class Scheduler(Components):
         if request.request_id in self.states:
             raise ValueError(f"duplicate request id {request.request_id}")
         request.model = self.model_of(request.model)
-        if request.adapter is not None and request.adapter not in self.model.adapters:
+        if request.adapter is not None and \
+                request.adapter not in adapters_of(self.model, request.model):
             raise AdapterError(f"adapter {request.adapter!r} is not loaded")
 
     def _enqueue(self, state: RequestState) -> None:
@@ -641,10 +642,9 @@ class Scheduler(Components):
         return self.gmg.to_json()
 
     async def time_direct(self, prompt_ids: list[int], max_tokens: int,
-                          device: str | None = None) -> DirectTiming:
-        return await time_direct(self.exec, first_model(self.model), list(self.devices),
-                                 prompt_ids,
-                                 max_tokens, self.cfg.block_size, device)
+                          device: str | None = None, model: str = "") -> DirectTiming:
+        return await time_direct(self.exec, self.model, list(self.devices), prompt_ids,
+                                 max_tokens, self.cfg.block_size, device, model)
 
     def timeline(self, since: float) -> list[dict[str, Any]]:
         self._book()

@@ -18,23 +18,34 @@ import torch
 
 from models.generate import timed_request
 from models.loader import Model
+from models.modelset import ModelSet
 from scheduler.api import DirectTiming, DirectUnavailable
 from scheduler.core.execution import Execution
 
 
 async def time_direct(execution: Execution, model: Model, devices: Sequence[str],
                       prompt_ids: list[int], max_tokens: int, block_size: int,
-                      device: str | None = None) -> DirectTiming:
-    """See `SchedulerAPI.time_direct`."""
+                      device: str | None = None, member: str = "") -> DirectTiming:
+    """See `SchedulerAPI.time_direct`; `model` the scheduler's (a set: `member`'s chain)."""
+    chain, label = model, ""
+    if isinstance(model, ModelSet):
+        try:
+            m = model.member(member)
+        except KeyError:
+            raise DirectUnavailable(f"This server serves no model {member!r}.") from None
+        chain, label = m.model, f"Model {m.name!r} "
+        devices = [d for d in devices if m.runs_on(d)]
+    elif member:
+        raise DirectUnavailable(f"This server serves one unnamed model, not {member!r}.")
     name = device or devices[0]
     if name not in devices:
-        raise DirectUnavailable(f"This server has no device {name!r}; it has "
-                                f"{', '.join(devices)}.")
+        raise DirectUnavailable(f"{label or 'This server '}has no device {name!r}; it "
+                                f"{'runs on' if label else 'has'} {', '.join(devices)}.")
     if not execution.alive(name):
         raise DirectUnavailable(f"Device {name} is down.")
 
     def timed(on: torch.device) -> tuple[float, float]:
-        return timed_request(model, prompt_ids, max_tokens, block_size, on)
+        return timed_request(chain, prompt_ids, max_tokens, block_size, on)
 
     future = execution.call_on(name, timed)
     if future is None:

@@ -299,14 +299,16 @@ class Estimators:
         self._xfer_cache.clear()
         return est
 
-    def rebase_kind(self, kind: str, fresh: Estimators) -> None:
+    def rebase_kind(self, kind: str, fresh: Estimators, prefix: str = "") -> None:
         """Take the base fits of `kind`'s ops from a re-profile (`fresh`), keeping the
-        observations; layer groups it did not time are scaled copies as usual."""
+        observations; layer groups it did not time are scaled copies as usual. `prefix`:
+        the re-profiled model's in a set (`NAME/`), before each of `fresh`'s op names."""
         for (k, name), est in fresh.ops.items():
-            if k == kind and (k, name) in self.ops:
-                self.ops[(k, name)].rebase(est)
+            key = (k, prefix + name)
+            if k == kind and key in self.ops:
+                self.ops[key].rebase(est)
             elif k == kind:
-                self.ops[(k, name)] = est
+                self.ops[key] = est.clone(f"{k}/{prefix}{name}") if prefix else est
         self._op_cache.clear()
 
     def take_models(self, parts: Sequence[tuple[str, Estimators]]) -> None:

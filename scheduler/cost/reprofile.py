@@ -9,9 +9,11 @@ their fit on the event loop:
   its copies are timed and its transfer estimator fitted.
 - a device kind whose ops drifted from their profile (`Estimators.on_drift`):
   the sweep is timed again on a device of that kind and becomes the base of
-  every op of the kind (`Estimators.rebase_kind`). Each op of it waits until the
-  scheduler has no op in flight (`idle`), so it overlaps the serving executors by
-  one op at most (work issued while it runs); under constant load it waits, and
+  every op of the kind (`Estimators.rebase_kind`); of a model set, every member's
+  chain in turn (`Chain`), each refitting its ops under its names in the set.
+  Each op of it waits until the scheduler has no op in flight (`idle`), so it
+  overlaps the serving executors by one op at most (work issued while it runs);
+  under constant load it waits, and
   the online refit tracks the drift meanwhile. The whole sweep is also deferred
   while interactive work waits or runs (`scheduler.cost.deferral`), and its line
   in the log says what it timed, how long it took and how long it was deferred.
@@ -33,6 +35,8 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 from models.cpu import in_own_thread
 from models.loader import Model
@@ -47,6 +51,16 @@ IDLE_POLL_S = 0.005
 GATE_POLL_S = 0.05  # how often a waiting or running re-profile reads the serving load
 
 
+@dataclass(frozen=True, slots=True)
+class Chain:
+    """One model's chain that a kind's re-profile times: a set's member (models/modelset.py)."""
+
+    model: Model  # the member's own model (its ops under their own names)
+    prefix: str = ""  # its ops' names in the estimators: "NAME/" for a set's member
+    cache_file: Path | None = None  # its start-up fit's cache (None: not written back)
+    devices: tuple[str, ...] | None = None  # where it runs; None: every device
+
+
 class Aborted(Exception):
     """The re-profile's task was cancelled (the server stops): its thread ends early."""
 
@@ -58,8 +72,11 @@ class PairProfiler:
     def __init__(self, model: Model, est: Estimators, sweep: Sweep | None = None,
                  devices: Sequence[str] = (), idle: Callable[[], bool] | None = None,
                  threads: int = 1, on_device: Callable[[str], OnDevice | None] | None = None,
-                 load: Callable[[], ServingLoad] | None = None) -> None:
+                 load: Callable[[], ServingLoad] | None = None,
+                 chains: Sequence[Chain] = ()) -> None:
         self.model, self.est, self.sweep = model, est, sweep or Sweep()
+        # NOTE: a set's re-profile times each member's chain; one model's is `model` itself
+        self.chains = list(chains) or [Chain(model)]
         self.threads = threads  # intra-op threads of a kind's sweep (the executors')
         # where a device's timed ops run (its executor's thread), None: on the sweep's thread
         self.on_device = on_device or (lambda device: None)
@@ -134,9 +151,16 @@ class PairProfiler:
         await self._remember(take_pair(src, dst, nbytes, seconds))
 
     async def _kind(self, kind: str) -> None:
-        device = next((d for d in self.devices if self.est.kind_of(d) == kind), None)
+        for chain in self.chains:
+            await self._chain_kind(kind, chain)
+        self.kinds_done.append(kind)
+
+    async def _chain_kind(self, kind: str, chain: Chain) -> None:
+        device = next((d for d in self.devices if self.est.kind_of(d) == kind
+                       and (chain.devices is None or d in chain.devices)), None)
         if device is None:
-            logger.warning("no device of kind %s to re-profile on", kind)
+            logger.warning("no device of kind %s to re-profile %son", kind,
+                           f"model {chain.prefix[:-1]!r} " if chain.prefix else "")
             return
         fresh = Estimators({device: kind})
         t0 = time.perf_counter()
@@ -144,19 +168,20 @@ class PairProfiler:
         await self._until_open(kind)
         watch = asyncio.create_task(self._watch_gate(), name="slicegate-reprofile-gate")
         try:
-            await asyncio.to_thread(self._fit_kind, fresh, kind, device)
+            await asyncio.to_thread(self._fit_kind, fresh, kind, device, chain.model)
         finally:
             watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watch  # NOTE: re-raises the watch's own failure, logged as the job's
-        self.est.rebase_kind(kind, fresh)
-        self.kinds_done.append(kind)
+        self.est.rebase_kind(kind, fresh, chain.prefix)
         s = self.sweep
-        logger.info("re-profiled the ops of %s on %s in the background: %d ops x %d shapes x %d "
-                    "repeats in %.1f s, of which %.1f s deferred for interactive work", kind,
-                    device, len(self.model.template.ops), len(s.cases()), s.repeats,
+        logger.info("re-profiled the ops of %s%s on %s in the background: %d ops x %d shapes "
+                    "x %d repeats in %.1f s, of which %.1f s deferred for interactive work",
+                    kind, f" of model {chain.prefix[:-1]!r}" if chain.prefix else "", device,
+                    len(chain.model.template.ops), len(s.cases()), s.repeats,
                     time.perf_counter() - t0, self.gate.deferred_s)
-        await self._remember(take_kind(kind, fresh))
+        path = chain.cache_file if chain.prefix else self.est.cache_file
+        await self._remember(take_kind(kind, fresh), path)
 
     def _read_gate(self) -> bool:
         self._open = self.gate.check(self.load(), time.monotonic())
@@ -176,8 +201,10 @@ class PairProfiler:
             self._read_gate()
             await asyncio.sleep(GATE_POLL_S)
 
-    async def _remember(self, update: Callable[[Estimators], object]) -> None:
-        path = self.est.cache_file
+    async def _remember(self, update: Callable[[Estimators], object],
+                        path: Path | None = None) -> None:
+        """Write `update` into the fit cached at `path` (default: the estimators' own)."""
+        path = path or self.est.cache_file
         if path is None:
             return
         try:
@@ -185,7 +212,7 @@ class PairProfiler:
         except (OSError, ValueError, KeyError) as e:  # the live fit has it: only a restart loses
             logger.warning("could not write the re-profile into %s: %s", path, e)
 
-    def _fit_kind(self, fresh: Estimators, kind: str, device: str) -> None:
+    def _fit_kind(self, fresh: Estimators, kind: str, device: str, model: Model) -> None:
         # NOTE: each timed op runs on the device's executor thread where it has one: a
         # sweep on a thread of its own at the executors' count ran beside their OpenMP
         # teams, and libgomp then sleeps every team's workers between parallel regions
@@ -193,7 +220,7 @@ class PairProfiler:
         # Otherwise on a thread that ends with the sweep, not on the loop's pool thread.
         on_device = self.on_device(device)
         in_own_thread(1 if on_device else self.threads,
-                      lambda: fit_kind(fresh, self.model, kind, device, self.sweep,
+                      lambda: fit_kind(fresh, model, kind, device, self.sweep,
                                        time.perf_counter, self._wait_idle, on_device))
 
     def _wait_idle(self) -> None:

@@ -26,12 +26,18 @@ def activation_reserve(model: Model, cfg: SchedulerConfig) -> int:
     return 2 * max(o.activation_bytes(s) for o in t.ops for s in (prefill, decode))
 
 
-def adapter_reserve(model: Model, cfg: SchedulerConfig) -> int:
-    """Bytes kept on each device for LoRA adapters: the configured reserve, or what the
-    adapters loaded already take when that is more. The model's adapter set is held to it."""
-    reserve = max(cfg.lora_reserve_bytes, model.adapters.memory_bytes())
-    model.adapters.limit(reserve)
-    return reserve
+def adapter_reserve(model: Model, cfg: SchedulerConfig, device: str | None = None) -> int:
+    """Bytes kept on `device` for LoRA adapters: per model running there, the configured
+    reserve, or what its adapters loaded already take when that is more. Each model's adapter
+    set is held to its own reserve (a set's members each to theirs; None: every member)."""
+    members = [m.model for m in model.members if device is None or m.runs_on(device)] \
+        if isinstance(model, ModelSet) else [model]
+    total = 0
+    for m in members:
+        reserve = max(cfg.lora_reserve_bytes, m.adapters.memory_bytes())
+        m.adapters.limit(reserve)
+        total += reserve
+    return total
 
 
 def reserve_weights(ledger: MemoryLedger, device: Device, weights: int, note: str) -> None:
@@ -77,10 +83,10 @@ def kv_pools(model: Model, devices: list[Device], ledgers: dict[str, MemoryLedge
     """Reserve weights and activations on every device; the rest of its budget is KV, split
     between the pools of the models running there (`kv_split`). Keyed by `pool_key`."""
     reserve = activation_reserve(model, cfg)
-    adapters = adapter_reserve(model, cfg)
     pools: dict[str, KVCache] = {}
     for d in devices:
         ledger = ledgers[d.name]
+        adapters = adapter_reserve(model, cfg, d.name)
         # NOTE: virtual CPU devices share one copy of the weights but each counts it, as GPUs do
         weights = model.weight_bytes_on(d.name)
         reserve_weights(ledger, d, weights, model.weights_note(d.name))

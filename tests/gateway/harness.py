@@ -153,12 +153,15 @@ class FakeAdapterHost:
     def __init__(self) -> None:
         self.loaded: dict[str, str] = {}
         self.removed: list[str] = []
+        self.bases: dict[str, str | None] = {}  # the base each load named (None: none)
         self.busy_names: set[str] = set()  # adapters the "scheduler" still runs
 
-    def add(self, name: str, path: str) -> None:
+    def add(self, name: str, path: str, base: str | None = None) -> str:
         if not (Path(path) / "adapter_config.json").is_file():
             raise ValueError(f"adapter {name!r}: {path} has no adapter_config.json")
         self.loaded[name] = path
+        self.bases[name] = base
+        return base or ""
 
     def remove(self, name: str) -> None:
         del self.loaded[name]

@@ -33,10 +33,22 @@ def test_flags_in_both_spellings_and_the_config_file(tmp_path: Path) -> None:
     assert _config("--config", str(file), "--lora", "b=/b") == {"b": "/b"}  # flags replace
 
 
+def test_base_model_name_in_vllms_json_form_and_the_config_file() -> None:
+    vllm = json.dumps({"name": "json", "path": "/c", "base_model_name": "small"})
+    args = build_parser().parse_args(["serve", "--lora-modules", "sql=/a", vllm])
+    assert config_from_args(args).model.lora_bases == {"json": "small"}
+    config = load_config(None, {"model.lora": {"a": "/a", "b": {"path": "/b",
+                                                                  "base_model_name": "small"}}})
+    assert config.model.lora == {"a": "/a", "b": "/b"}
+    assert config.model.lora_bases == {"b": "small"}
+
+
 @pytest.mark.parametrize(("value", "problem"), [
     (["sql"], "use NAME=PATH"), (["a=/x", "a=/y"], "named twice"),
     (["bad name=/x"], "adapter name 'bad name'"), (["a="], "non-empty string"),
-    ("a=/x", "a mapping"), (["{nope"], "not JSON")])
+    ("a=/x", "a mapping"), (["{nope"], "not JSON"),
+    ([{"name": "a", "path": "/x", "base": "b"}], "unknown key(s) base"),
+    ({"a": {"path": "/x", "base_model_name": 3}}, "base_model_name must be")])
 def test_bad_lora_settings_name_the_key(value: object, problem: str) -> None:
     with pytest.raises(ConfigError, match="model.lora") as bad:
         load_config(None, {"model.lora": value})

@@ -105,3 +105,15 @@ async def test_duplicates_unknowns_and_broken_json(gw: Harness, tmp_path: Path) 
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
     r = await gw.client.post(UNLOAD, headers=ADMIN, json=["sql"])
     assert r.status_code == 400
+
+
+async def test_a_load_may_name_its_base_model(gw: Harness, host: FakeAdapterHost,
+                                              tmp_path: Path) -> None:
+    folder = str(adapter_folder(tmp_path / "sql"))
+    r = await gw.client.post(LOAD, headers=ADMIN, json={"lora_name": "sql", "lora_path": folder,
+                                                       "base_model_name": "tiny"})
+    assert r.status_code == 200 and host.bases == {"sql": "tiny"}
+    r = await gw.client.post(LOAD, headers=ADMIN, json={"lora_name": "q", "lora_path": folder,
+                                                       "base_model_name": 3})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "base_model_name"
+    assert "q" not in host.loaded

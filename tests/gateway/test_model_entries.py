@@ -36,6 +36,19 @@ def test_repeated_model_flags_name_the_models_and_one_spec_stays_one_model() -> 
     assert one.served_model_name == "tiny-random"
 
 
+def test_model_flags_give_each_model_its_dtype_devices_and_kv_share() -> None:
+    args = build_parser().parse_args([
+        "serve", "--dtype", "bfloat16", "--model", "chat=default@cpu:0,cpu:1,dtype=float32",
+        "--model", "small=tiny-random-qwen2,kv_share=0.5,dtype=bfloat16",
+        "--model", "batch=default@cpu:1"])
+    config = config_from_args(args)
+    assert config.model.models == (
+        ModelEntry("chat", "default", "float32", ("cpu:0", "cpu:1")),
+        ModelEntry("small", "tiny-random-qwen2", "bfloat16", None, 0.5),
+        ModelEntry("batch", "default", None, ("cpu:1",)))
+    assert config.model.dtype == "bfloat16"  # for the entries that set none
+
+
 def test_a_served_model_name_beside_several_models_is_refused() -> None:
     with pytest.raises(ConfigError, match="model.served_model_name"):
         load_config(None, {"model.models": ["chat=default"], "model.served_model_name": "x"})
@@ -52,6 +65,12 @@ def test_a_served_model_name_beside_several_models_is_refused() -> None:
     ([{"name": "chat", "kv_share": 0}], "kv_share"),
     ([{"name": "chat", "kv_share": "half"}], "kv_share"),
     ("chat=default", "a list"),
+    (["chat=default,dtype=int4"], "dtype must be one of bfloat16, float32"),
+    (["chat=default,dtype=float32,cpu:1"], "neither a device after '@' nor KEY=VALUE"),
+    (["chat=default,cpu:1"], "neither a device"),
+    (["chat=default,device=cpu:1"], r"unknown option\(s\) device"),
+    (["chat=default,kv_share=half"], "kv_share must be a positive number"),
+    (["chat=default,kv_share=0"], "kv_share"),
 ])
 def test_bad_entries_are_config_errors(models: object, says: str) -> None:
     with pytest.raises(ConfigError, match=f"model.models: .*{says}"):

@@ -75,10 +75,13 @@ def test_each_model_has_pools_of_its_own_layout_and_its_own_context(pair: LiveSe
     assert small_card["root"].endswith("tiny-random-qwen2-v1")
     # small's pool holds as many tokens as chat's (equal shares), so as long a context
     assert small_card["max_model_len"] == pair.engine.of("small").max_model_len > 0
-    direct = httpx.post(f"{pair.url}/admin/direct", timeout=60, json={
-        "model": "small", "prompt": PROMPTS[0], "max_tokens": 2},
-        headers={"Authorization": "Bearer sk-admin-1"})
-    assert direct.status_code == 400 and direct.json()["error"]["param"] == "model"
+    for model in ("chat", "small"):  # each model's chain, its prompt in its own tokens
+        direct = httpx.post(f"{pair.url}/admin/direct", timeout=60, json={
+            "model": model, "prompt": PROMPTS[1], "max_tokens": 2},
+            headers={"Authorization": "Bearer sk-admin-1"})
+        assert direct.status_code == 200 and direct.json()["total_s"] > 0, direct.text
+        ids = pair.engine.of(model if model != "chat" else "").tokenizer.encode(PROMPTS[1])
+        assert direct.json()["prompt_tokens"] == len(ids)  # 9 and 13
 
 
 def test_tokenize_and_detokenize_use_the_named_models_tokenizer(

@@ -11,6 +11,7 @@ import pytest
 import models
 from executors.types import Device, Priority
 from models.lora import AdapterError, load_peft_adapter
+from models.modelset import adapters_of, model_set
 from models.sampling_params import SamplingParams
 from scheduler.api import Request
 from scheduler.config import SchedulerConfig
@@ -164,5 +165,39 @@ async def test_requests_on_adapter_counts_them_until_they_end(model: models.Mode
         while sched.requests_on_adapter("a"):
             assert asyncio.get_running_loop().time() < deadline
             await asyncio.sleep(0.01)
+    finally:
+        await sched.stop()
+
+
+async def test_an_adapter_of_the_second_model_of_a_set_runs_and_is_budgeted_there(
+        tiny_model_dir: Path, tiny_qwen2_dir: Path, tmp_path: Path) -> None:
+    """A set of the tiny Llama on cpu:0 and the tiny Qwen2 on cpu:1: an adapter of the Qwen2
+    is in its member's set only, its bytes counted on cpu:1 only, it is refused on the first
+    model, and its greedy tokens on the second equal peft's."""
+    path = make_adapter(tiny_qwen2_dir, tmp_path / "q", ALL, 8, 16, seed=3)
+    chat = models.load(tiny_model_dir, dtype="float32")
+    small = models.load(tiny_qwen2_dir, dtype="float32")
+    small.adapters.add(load_peft_adapter("q", path, small))
+    s = model_set([("chat", chat, ("cpu:0",)), ("small", small, ("cpu:1",))])
+    sched = _scheduler(s)
+    await sched.start()
+    try:
+        cost = small.adapters.memory_bytes()
+        assert cost > 0 and adapters_of(s, "small") is small.adapters
+        assert "q" not in adapters_of(s) and "q" not in chat.adapters
+        assert sched.ledgers["cpu:1"].used("adapters") == cost
+        assert sched.ledgers["cpu:0"].used("adapters") == 0
+        with pytest.raises(AdapterError, match="adapter 'q' is not loaded"):
+            sched.submit(Request("r", "t", Priority.HIGH, BASE, GREEDY, adapter="q",
+                                 model="chat"))
+        tokens = []
+        async for ev in sched.submit(Request("r2", "t", Priority.HIGH, BASE[:20], GREEDY,
+                                             adapter="q", model="small")):
+            if ev.token_id is not None:
+                tokens.append(ev.token_id)
+        ref = reference_model(tiny_qwen2_dir, path)
+        assert tokens == greedy(ref, BASE[:20], GREEDY.max_tokens)
+        assert tokens != greedy(reference_model(tiny_qwen2_dir, None), BASE[:20],
+                                GREEDY.max_tokens)
     finally:
         await sched.stop()

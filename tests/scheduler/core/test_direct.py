@@ -9,6 +9,7 @@ import torch
 
 import models
 from models import generate as generate_module
+from models.modelset import model_set
 from scheduler.api import DirectUnavailable
 from tests.scheduler.conftest import make_scheduler
 
@@ -48,3 +49,34 @@ async def test_an_unknown_or_lost_device_is_refused(tiny_model: models.Model,
         assert (await sched.time_direct([1, 2], 1)).device == "cpu:0"
     finally:
         await sched.stop()
+
+
+async def test_a_sets_member_chain_runs_on_a_device_it_runs_on(
+        tiny_model: models.Model, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Of a set, `model` names the chain timed; its default device is the first it runs on,
+    and a device it does not run on, or a model nobody serves, is refused."""
+    small = models.load("tiny-random-qwen2", dtype="float32")
+    chains: list[tuple[models.Model, str]] = []
+    real = generate_module.run_chain
+
+    def recording(*args: object) -> torch.Tensor:
+        chains.append((args[0], threading.current_thread().name))  # type: ignore[arg-type]
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(generate_module, "run_chain", recording)
+    sched = make_scheduler(model_set([("chat", tiny_model, None),
+                                      ("small", small, ("cpu:1",))]), "slice")
+    await sched.start()
+    try:
+        assert (await sched.time_direct([1, 2, 3], 1, model="small")).device == "cpu:1"
+        assert (await sched.time_direct([1, 2, 3], 1)).device == "cpu:0"  # the first model
+        with pytest.raises(DirectUnavailable, match="Model 'small' has no device 'cpu:0'; "
+                                                    "it runs on cpu:1"):
+            await sched.time_direct([1, 2], 1, device="cpu:0", model="small")
+        with pytest.raises(DirectUnavailable, match="serves no model 'big'"):
+            await sched.time_direct([1, 2], 1, model="big")
+    finally:
+        await sched.stop()
+    assert chains == [(small, "exec-cpu:1"), (tiny_model, "exec-cpu:0")]
+    with pytest.raises(DirectUnavailable, match="one unnamed model, not 'small'"):
+        await make_scheduler(tiny_model, "slice").time_direct([1, 2], 1, model="small")

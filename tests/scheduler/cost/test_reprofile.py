@@ -9,12 +9,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from executors.types import Priority
 from models.batch import BatchShape
 from models.loader import load
+from models.modelset import first_model, model_set
 from models.sampling_params import SamplingParams
 from scheduler.api import FinishReason, Request
 from scheduler.config import SchedulerConfig
@@ -24,7 +26,7 @@ from scheduler.cost.estimators import op_features
 from scheduler.cost.oprunner import OnDevice
 from scheduler.cost.profiling import Sweep, load_or_profile
 from scheduler.cost.reprofile import PairProfiler
-from scheduler.factory import build_scheduler, parse_devices
+from scheduler.factory import build_scheduler, parse_devices, set_chains
 
 SMALL = Sweep(prefill_tokens=(4, 64, 256), chunks=((32, 64),), decode_batches=(1, 3),
               decode_contexts=(8, 64), transfer_tokens=(1, 8, 32), repeats=1)
@@ -205,3 +207,34 @@ async def test_a_re_profile_waits_for_interactive_work_and_logs_its_cost(
     assert f": {ops} ops x {len(sweep.cases())} shapes x {sweep.repeats} repeats in " in done
     deferred = float(done.rsplit("of which ", 1)[1].split(" s")[0])
     assert deferred >= QUIET_S  # at least the quiet period after the stream
+
+
+async def test_a_sets_re_profile_refits_every_members_ops_under_its_names(
+        tiny_model_dir: Path, tiny_qwen2_dir: Path, tmp_path: Path) -> None:
+    """A set of two models: a kind's re-profile times each member's chain, rebases each
+    member's ops under its names in the set (`chat/...`, `small/...`, nothing unnamed), and
+    writes each member's fit back into that member's own cache."""
+    chat, small = load(tiny_model_dir, dtype="float32"), load(tiny_qwen2_dir, dtype="float32")
+    s = model_set([("chat", chat, None), ("small", small, ("cpu:0",))])
+    parts = [(n, load_or_profile(m, ["cpu:0"], tmp_path, SMALL))
+             for n, m in (("chat", chat), ("small", small))]
+    caches = {n: e.cache_file for n, e in parts}
+    est = parts[0][1]
+    est.take_models(parts)
+    keys = set(est.ops)
+    old = {k: e.base.copy() for k, e in est.ops.items()}
+    for e in est.ops.values():  # a profile three times too slow, for every member
+        e.base, e.theta = 3 * e.base, 3 * e.theta
+        e._publish()
+    profiler = PairProfiler(first_model(s), est, SMALL, devices=["cpu:0"],
+                            chains=set_chains(s, caches))
+    profiler.request_kind("cpu")
+    await profiler.idle()
+    assert profiler.failures == 0 and profiler.kinds_done == ["cpu"]
+    assert set(est.ops) == keys  # every op under its name in the set, none unnamed
+    for model in ("chat", "small"):
+        ops = {k: e for k, e in est.ops.items() if k[1].startswith(f"{model}/")}
+        assert ops and all(not np.allclose(e.base, 3 * old[k]) for k, e in ops.items())
+        cached = load_or_profile(s.member(model).model, ["cpu:0"], tmp_path, SMALL)
+        for (kind, name), e in ops.items():  # written back, under the member's own names
+            assert np.array_equal(cached.ops[(kind, name.split("/", 1)[1])].base, e.base)
