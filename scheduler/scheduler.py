@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
 from collections import deque
@@ -25,7 +24,7 @@ from typing import Any
 from executors.types import Device, OpInstance, OpState, Priority
 from models.batch import BatchSource, SeqSpec, TokenHistory
 from models.loader import Model
-from models.logprobs import TokenLogprobs, runs_of, unpack
+from models.logprobs import TokenLogprobs, unpack
 from models.lora import AdapterError
 from models.modelset import first_model
 from models.template import OpKind
@@ -54,6 +53,7 @@ from scheduler.round.plan import Feed, OpTime, Plan, XferTime
 from scheduler.round.requestview import RequestView
 from scheduler.round.view import RoundView
 from scheduler.spec.choice import SpecCounters
+from scheduler.spec.steps import book_run, verify_runs, with_counters
 
 logger = logging.getLogger(__name__)
 
@@ -539,7 +539,7 @@ class Scheduler(Components):
         chunk = plan.chunks[index]
         now = self.clock()
         head = self.model.template.op(final.template_index).kind is OpKind.HEAD
-        runs = self._runs(chunk, final.output) if head else {}
+        runs = verify_runs(chunk, final.output) if head else {}
         for f in chunk:
             if (s := self.states.get(f.rid)) is not None:
                 # NOTE: a verify step's KV holds its known token and the accepted drafts;
@@ -568,23 +568,11 @@ class Scheduler(Components):
         if index == len(plan.chunks) - 1:
             self._plan_done(plan)
 
-    def _runs(self, chunk: list[Feed], output: Any) -> dict[str, list[int]]:
-        """Request id -> tokens its verify step emitted, for the chunk's drafted feeds."""
-        runs = runs_of(output)
-        if runs is None:
-            return {}
-        sampled = [f for f in chunk if f.samples]
-        return {f.rid: run for f, run in zip(sampled, runs, strict=True) if f.num_draft}
-
     def _on_run(self, s: RequestState, run: list[int]) -> None:
-        """A verify step's tokens: each as a decoded token (a stop among them ends the
-        request there), then its acceptance booked and its rejected drafts' blocks freed."""
-        drafts = s.spec.in_flight if s.spec is not None else []
-        accepted = len(run) - 1
-        self.spec_counters.record(len(drafts), accepted)
-        if s.spec is not None:
-            s.spec.acceptance.observe(len(drafts), accepted)
-            s.spec.in_flight = []
+        """A verify step's tokens: its acceptance booked (scheduler/spec/steps.py), each
+        token as a decoded token (a stop among them ends the request there), then its
+        rejected drafts' blocks freed."""
+        book_run(s.spec, self.spec_counters, run)
         for token in run:
             self._on_token(s, token)
         if not s.finished:
@@ -652,11 +640,7 @@ class Scheduler(Components):
 
     def stats(self) -> SchedulerStats:
         self._book()
-        c = self.spec_counters
-        return dataclasses.replace(collect(self), spec_num_drafts=c.num_drafts,
-                                   spec_num_draft_tokens=c.num_draft_tokens,
-                                   spec_num_accepted_tokens=c.num_accepted_tokens,
-                                   spec_accepted_per_pos=tuple(c.accepted_per_pos))
+        return with_counters(collect(self), self.spec_counters)
 
 
 def _finish_reason(s: RequestState, token: int) -> FinishReason | None:
