@@ -50,7 +50,6 @@ from scheduler.core.stats import collect
 from scheduler.provisioning.provisioner import Provisioner
 from scheduler.round.decision import Preemption, RoundDecision
 from scheduler.round.plan import Feed, OpTime, Plan, XferTime
-from scheduler.round.requestview import RequestView
 from scheduler.round.view import RoundView
 from scheduler.spec.choice import SpecCounters
 from scheduler.spec.steps import book_run, verify_runs, with_counters
@@ -330,13 +329,8 @@ class Scheduler(Components):
             self.tightest_slo_s or self.cfg.default_ttft_slo_s, self.fair.view(),
             None if self.provisioner is None else self.replicas.holders(),
             self.calibration.factors(), frozenset(self.inflight.decode_classes),
-            self.model_devices, self._step_ends(running), self.tightest_tpot_s,
+            self.model_devices, self.inflight.step_ends(running), self.tightest_tpot_s,
             self.kv.model_pools, {m: self.kv.block_bytes(m) for m in self.kv.model_pools})
-
-    def _step_ends(self, running: tuple[RequestView, ...]) -> dict[str, int]:
-        """Request -> the last op of its plan in flight, for running requests with a pace."""
-        plans = ((r.rid, self.inflight.by_request.get(r.rid)) for r in running if r.is_paced)
-        return {rid: plan.finals[-1].op_id for rid, plan in plans if plan and plan.finals}
 
     def _apply(self, d: RoundDecision, now: float) -> None:
         """Commit a decision: first what frees KV, then what takes it, then the plans.
