@@ -22,7 +22,6 @@ from functools import partial
 from typing import Any
 
 from executors.types import Device, OpInstance, OpState, Priority
-from models.batch import BatchSource, SeqSpec, TokenHistory
 from models.loader import Model
 from models.logprobs import TokenLogprobs, unpack
 from models.lora import AdapterError
@@ -40,6 +39,7 @@ from scheduler.api import (
 )
 from scheduler.config import SchedulerConfig
 from scheduler.core.admission import EVICTED
+from scheduler.core.batches import attach_batches
 from scheduler.core.components import Components
 from scheduler.core.direct import time_direct
 from scheduler.core.execution import ExecutorFactory
@@ -49,7 +49,7 @@ from scheduler.core.state import RequestState, Status
 from scheduler.core.stats import collect
 from scheduler.provisioning.provisioner import Provisioner
 from scheduler.round.decision import Preemption, RoundDecision
-from scheduler.round.plan import Feed, OpTime, Plan, XferTime
+from scheduler.round.plan import OpTime, Plan, XferTime
 from scheduler.round.view import RoundView
 from scheduler.spec.choice import SpecCounters
 from scheduler.spec.steps import book_run, verify_runs, with_counters
@@ -373,7 +373,7 @@ class Scheduler(Components):
     def _issue(self, plan: Plan, now: float) -> None:
         """Issue the plan's ops as the policy built them; tensors are built by the executors."""
         states = [self._issuable(rid, plan) for rid in plan.rids]
-        self._attach_batches(plan)
+        attach_batches(plan, self.states, self.cfg.block_size, self.devices)
         self.gmg.add(plan.ops, plan.first_tokens)
         self.inflight.add(plan)
         self.calibration.issued(plan, now)
@@ -398,36 +398,6 @@ class Scheduler(Components):
         if state.placement != plan.placement:
             raise ValueError(f"{rid} holds KV on {state.placement}, not on {plan.placement}")
         return state
-
-    def _attach_batches(self, plan: Plan) -> None:
-        """Give every compute op its device's `BatchSource` (one per chunk and device)."""
-        for chunk, ops in zip(plan.chunks, plan.chunk_ops, strict=True):
-            sources: dict[str, BatchSource] = {}
-            for op in ops:
-                if op.device not in sources:
-                    sources[op.device] = BatchSource(self._seqs(chunk, op.device),
-                                                     self.cfg.block_size,
-                                                     self.devices[op.device].torch_device)
-                op.batch = sources[op.device]
-
-    def _seqs(self, chunk: list[Feed], device: str) -> list[SeqSpec]:
-        out = []
-        for f in chunk:
-            s = self.states[f.rid]
-            table = s.tables[device]
-            tokens, num_draft = s.fed_ids(f.past, f.num_tokens)
-            if f.past + f.num_tokens > min(s.num_tokens + num_draft,
-                                           len(table) * self.cfg.block_size):
-                raise ValueError(f"{f.rid}: feed [{f.past}, +{f.num_tokens}) is out of range")
-            history = TokenHistory.of(s.req.sampling, s.req.prompt_token_ids,
-                                      s.output_ids) if f.samples else None
-            out.append(SeqSpec(f.rid, tokens, f.past, list(table),
-                               sample=f.samples, sampling=s.req.sampling,
-                               num_generated=len(s.output_ids), history=history,
-                               constraint=s.req.constraint if f.samples else None,
-                               prompt_targets=s.prompt_targets(f.past, f.num_tokens),
-                               adapter=s.req.adapter, num_draft=num_draft))
-        return out
 
     # -- completions -----------------------------------------------------------------------
     def _on_done_thread(self, op: OpInstance) -> None:
