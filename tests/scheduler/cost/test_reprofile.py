@@ -20,7 +20,7 @@ from scheduler.api import FinishReason, Request
 from scheduler.config import SchedulerConfig
 from scheduler.cost import drift
 from scheduler.cost.deferral import QUIET_S
-from scheduler.cost.estimators import op_features
+from scheduler.cost.features import op_features
 from scheduler.cost.oprunner import OnDevice
 from scheduler.cost.profiling import Sweep, load_or_profile
 from scheduler.cost.reprofile import PairProfiler
