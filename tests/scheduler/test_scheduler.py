@@ -14,7 +14,7 @@ from models.sampling_params import SamplingParams
 from scheduler.api import FinishReason, Overloaded, Request, RequestTooLarge
 from scheduler.core import completions as completions_module
 from scheduler.policies import POLICIES
-from tests.scheduler.conftest import make_scheduler
+from tests.scheduler.conftest import make_scheduler, stream
 
 GREEDY = SamplingParams(temperature=0, max_tokens=10)
 
@@ -24,12 +24,8 @@ def _prompts() -> list[list[int]]:
 
 
 async def _collect(sched, req: Request) -> tuple[list[int], FinishReason | None]:  # type: ignore[no-untyped-def]
-    tokens, last = [], None
-    async for ev in sched.submit(req):
-        if ev.token_id is not None:
-            tokens.append(ev.token_id)
-        last = ev.finish_reason
-    return tokens, last
+    out = await stream(sched, req)
+    return out.tokens, out.finish
 
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
