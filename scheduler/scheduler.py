@@ -3,7 +3,8 @@
 Rounds run when something changes (an arrival, a chunk's completion, an abort,
 a fault), never by polling. The policy decides (scheduler/policies/); the
 scheduler applies the decision to its requests (scheduler/core/requests.py) and
-issues the plans (scheduler/round/inflight.py tracks them), and supervises all of
+issues the plans (scheduler/round/inflight.py tracks them); their completions are
+handled by `Completions` (scheduler/core/completions.py). It supervises all of
 it: an exception in a round or in a completion handler is logged and counted,
 the requests it concerned end with a server error, and scheduling goes on.
 `stats().healthy` is False while rounds keep failing or once the round task
@@ -14,21 +15,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable
 from functools import partial
 from typing import Any
 
-from executors.types import Device, OpInstance, OpState, Priority
-from models.batch import BatchSource, SeqSpec, TokenHistory
+from executors.types import Device, Priority
 from models.loader import Model
-from models.logprobs import TokenLogprobs, runs_of, unpack
 from models.lora import AdapterError
 from models.modelset import adapters_of
-from models.template import OpKind
 from scheduler.api import (
     NO_DEVICE,
     DirectTiming,
@@ -41,6 +37,8 @@ from scheduler.api import (
 )
 from scheduler.config import SchedulerConfig
 from scheduler.core.admission import EVICTED
+from scheduler.core.batches import attach_batches
+from scheduler.core.completions import Completions
 from scheduler.core.components import Components
 from scheduler.core.direct import time_direct
 from scheduler.core.execution import ExecutorFactory
@@ -50,16 +48,13 @@ from scheduler.core.state import RequestState, Status
 from scheduler.core.stats import collect
 from scheduler.provisioning.provisioner import Provisioner
 from scheduler.round.decision import Preemption, RoundDecision
-from scheduler.round.plan import Feed, OpTime, Plan, XferTime
-from scheduler.round.requestview import RequestView
+from scheduler.round.plan import OpTime, Plan, XferTime
 from scheduler.round.view import RoundView
 from scheduler.spec.choice import SpecCounters
+from scheduler.spec.steps import with_counters
 
 logger = logging.getLogger(__name__)
 
-# NOTE: handled ops are booked (estimator refits, timeline: ~45 us an op) this long after
-# their completion, when the response they ended has gone out, not on its way (+0.36 ms)
-BOOK_AFTER_S = 0.002
 DOWN_POLL_S = 0.5  # while a device is down, a round runs this often (to see it come back)
 _ENDINGS = {"stop": FinishReason.STOP, "error": FinishReason.ERROR}  # abort reason -> finish
 
@@ -72,28 +67,24 @@ class Scheduler(Components):
                  xfer_time: XferTime, cfg: SchedulerConfig | None = None,
                  executor_factory: ExecutorFactory | None = None,
                  estimator: Any = None, clock: Callable[[], float] = time.monotonic) -> None:
-        super().__init__(model, devices, policy, op_time, xfer_time, self._on_done_thread,
+        self._wake = asyncio.Event()
+        self.spec_counters = SpecCounters()  # speculative decoding (scheduler/spec/)
+        self.completions = Completions(self, self._wake.set, self.spec_counters)
+        super().__init__(model, devices, policy, op_time, xfer_time, self.completions.push,
                          cfg, executor_factory, estimator, clock)
         self.provisioner = Provisioner(self) if self.cfg.provisioning != "off" else None
         self._provision_task: asyncio.Task[None] | None = None
         self._learning_task: asyncio.Task[None] | None = None  # the periodic INFO summary
-        self._retry_on_progress = False  # the last round held work back (see RoundDecision)
         self._submitted = False  # a request came since the last round
         self.tightest_tpot_s: float | None = None  # smallest TPOT SLO among requests seen
-        self._wake = asyncio.Event()
-        self._done: deque[OpInstance] = deque()  # completions not handled yet (any thread)
-        self._booked: list[OpInstance] = []  # handled ops awaiting estimator and timeline
-        self._book_timer: asyncio.TimerHandle | None = None  # when `_booked` is booked
-        self._event_loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
         self._down_poll: asyncio.TimerHandle | None = None  # the next round while degraded
         self._accepting = False
         self._stopping = False
-        self.spec_counters = SpecCounters()  # speculative decoding (scheduler/spec/)
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
-        self._event_loop = asyncio.get_running_loop()
+        self.completions.loop = asyncio.get_running_loop()
         self.exec.start()
         self._accepting, self.started_at = True, self.clock()
         self._task = asyncio.create_task(self._loop(), name="slicegate-scheduler")
@@ -257,10 +248,7 @@ class Scheduler(Components):
         plan = self.inflight.by_request.get(state.rid)
         if plan is None or len(plan.rids) > 1:
             return  # NOTE: batch-mates still need the ops; the request is dropped at the end
-        self.inflight.cancel(plan)
-        self.exec.cancel(plan.ops)
-        if not any(op.state is OpState.RUNNING for op in plan.ops):
-            self._plan_done(plan)
+        self.completions.withdraw(plan)
 
     # -- a round ---------------------------------------------------------------------------
     def _round(self) -> None:
@@ -331,13 +319,8 @@ class Scheduler(Components):
             self.tightest_slo_s or self.cfg.default_ttft_slo_s, self.fair.view(),
             None if self.provisioner is None else self.replicas.holders(),
             self.calibration.factors(), frozenset(self.inflight.decode_classes),
-            self.model_devices, self._step_ends(running), self.tightest_tpot_s,
+            self.model_devices, self.inflight.step_ends(running), self.tightest_tpot_s,
             self.kv.model_pools, {m: self.kv.block_bytes(m) for m in self.kv.model_pools})
-
-    def _step_ends(self, running: tuple[RequestView, ...]) -> dict[str, int]:
-        """Request -> the last op of its plan in flight, for running requests with a pace."""
-        plans = ((r.rid, self.inflight.by_request.get(r.rid)) for r in running if r.is_paced)
-        return {rid: plan.finals[-1].op_id for rid, plan in plans if plan and plan.finals}
 
     def _apply(self, d: RoundDecision, now: float) -> None:
         """Commit a decision: first what frees KV, then what takes it, then the plans.
@@ -362,7 +345,7 @@ class Scheduler(Components):
         for f in d.failures:
             logger.error("deciding for %s failed:\n%s", ", ".join(f.rids), f.traceback)
             self._fail_rids(f.rids, f"scheduling failed: {f.error}")
-        self._retry_on_progress = d.retry_on_progress
+        self.completions.retry_on_progress = d.retry_on_progress
 
     def _guard(self, rids: tuple[str, ...], fn: Callable[[], object]) -> None:
         try:
@@ -380,7 +363,7 @@ class Scheduler(Components):
     def _issue(self, plan: Plan, now: float) -> None:
         """Issue the plan's ops as the policy built them; tensors are built by the executors."""
         states = [self._issuable(rid, plan) for rid in plan.rids]
-        self._attach_batches(plan)
+        attach_batches(plan, self.states, self.cfg.block_size, self.devices)
         self.gmg.add(plan.ops, plan.first_tokens)
         self.inflight.add(plan)
         self.calibration.issued(plan, now)
@@ -406,237 +389,6 @@ class Scheduler(Components):
             raise ValueError(f"{rid} holds KV on {state.placement}, not on {plan.placement}")
         return state
 
-    def _attach_batches(self, plan: Plan) -> None:
-        """Give every compute op its device's `BatchSource` (one per chunk and device)."""
-        for chunk, ops in zip(plan.chunks, plan.chunk_ops, strict=True):
-            sources: dict[str, BatchSource] = {}
-            for op in ops:
-                if op.device not in sources:
-                    sources[op.device] = BatchSource(self._seqs(chunk, op.device),
-                                                     self.cfg.block_size,
-                                                     self.devices[op.device].torch_device)
-                op.batch = sources[op.device]
-
-    def _seqs(self, chunk: list[Feed], device: str) -> list[SeqSpec]:
-        out = []
-        for f in chunk:
-            s = self.states[f.rid]
-            table = s.tables[device]
-            tokens, num_draft = s.fed_ids(f.past, f.num_tokens)
-            if f.past + f.num_tokens > min(s.num_tokens + num_draft,
-                                           len(table) * self.cfg.block_size):
-                raise ValueError(f"{f.rid}: feed [{f.past}, +{f.num_tokens}) is out of range")
-            history = TokenHistory.of(s.req.sampling, s.req.prompt_token_ids,
-                                      s.output_ids) if f.samples else None
-            out.append(SeqSpec(f.rid, tokens, f.past, list(table),
-                               sample=f.samples, sampling=s.req.sampling,
-                               num_generated=len(s.output_ids), history=history,
-                               constraint=s.req.constraint if f.samples else None,
-                               prompt_targets=s.prompt_targets(f.past, f.num_tokens),
-                               adapter=s.req.adapter, num_draft=num_draft))
-        return out
-
-    # -- completions -----------------------------------------------------------------------
-    def _on_done_thread(self, op: OpInstance) -> None:
-        """An executor finished `op` (called on its thread). Cheap: queue it, and wake the
-        loop only when it ends a chunk, failed, belongs to a cancelled plan, or the last
-        round held work back; other completions are handled with the next one.
-
-        NOTE: waking the loop for every op made it contend with the executors for the
-        GIL during every operator (seen as ~0.1 ms per op at batch 1)."""
-        self._done.append(op)
-        if op.op_id in self.inflight.urgent or op.error is not None or self._retry_on_progress:
-            loop = self._event_loop
-            if loop is not None and not loop.is_closed():
-                with contextlib.suppress(RuntimeError):  # closed under us at shutdown
-                    loop.call_soon_threadsafe(self._drain)
-
-    def _drain(self) -> None:
-        """Handle every completion queued so far, then book them after the streams ran."""
-        while self._done:
-            op = self._done.popleft()
-            self._on_done(op)
-            self._booked.append(op)
-        if self._booked and self._book_timer is None:
-            self._book_timer = asyncio.get_running_loop().call_later(BOOK_AFTER_S, self._book)
-
-    def _book(self) -> None:
-        """Timeline and estimator refits of handled ops: `BOOK_AFTER_S` after their
-        completion, once the tokens they released went out; readers of the timeline and
-        stats book what is pending first."""
-        if self._book_timer is not None:
-            self._book_timer.cancel()
-            self._book_timer = None
-        booked, self._booked = self._booked, []
-        for op in booked:
-            self.books.record_op(op)
-            first = self.first_rows.observed(op)  # NOTE: learnt there, not refit
-            if self.estimator is not None and op.error is None and not first:
-                self.estimator.observe(op)
-
-    def _on_done(self, op: OpInstance) -> None:
-        """An op finished (called on the loop). Never raises: a failure ends its plan."""
-        try:
-            self._op_done(op)
-        except Exception as e:
-            logger.exception("handling the completion of %s failed", op.name)
-            self.health.request_error(f"{type(e).__name__}: {e}")
-            plan = self.inflight.by_op.get(op.op_id)
-            if plan is not None:
-                self._abandon(plan, f"internal error after {op.name}: {type(e).__name__}: {e}")
-            self._wake.set()
-
-    def _abandon(self, plan: Plan, error: str) -> None:
-        with contextlib.suppress(Exception):
-            self.exec.cancel(plan.ops)
-        try:
-            self._plan_done(plan, error=error)
-        except Exception:
-            logger.exception("ending a failed plan raised; ending its requests directly")
-            for rid in plan.rids:
-                if (state := self.states.get(rid)) is not None:
-                    self.requests.end(state, FinishReason.ERROR, error)
-
-    def _op_done(self, op: OpInstance) -> None:
-        plan = self.inflight.by_op.get(op.op_id)
-        if plan is None:
-            return  # its plan ended already (withdrawn)
-        if plan.cancelled:
-            if not any(o.state is OpState.RUNNING for o in plan.ops):
-                self._plan_done(plan)
-            return
-        if op.error is not None:
-            self._on_fault(op, plan)
-            return
-        self.gmg.finish(op)
-        entry = self.inflight.finals.pop(op.op_id, None)
-        if entry is not None:
-            self._chunk_done(plan, entry[1], op)
-            self._wake.set()
-        elif self._retry_on_progress:
-            self._wake.set()
-
-    def _on_fault(self, op: OpInstance, plan: Plan) -> None:
-        down = self.exec.down()
-        if down & {o.device for o in plan.ops}:
-            if len(down) < len(self.devices):
-                # NOTE: a lost device: the plan is withdrawn, and its requests are recomputed
-                # on the devices left (`_handle_down`): a delay for the clients, not an error
-                self.inflight.cancel(plan)
-                self.exec.cancel(plan.ops)
-                if not any(o.state is OpState.RUNNING for o in plan.ops):
-                    self._plan_done(plan)
-                return
-            self._abandon(plan, f"{NO_DEVICE}: {op.name} failed on {op.device}: {op.error}")
-            self._wake.set()
-            return
-        if op.attempts < self.cfg.max_op_attempts and self.exec.alive(op.device):
-            self.exec.retry(op)  # NOTE: only this op re-runs; its dependents are still queued
-            return
-        self._abandon(plan, f"{op.name} failed on {op.device}: {op.error}")
-        self._wake.set()
-
-    def _chunk_done(self, plan: Plan, index: int, final: OpInstance) -> None:
-        chunk = plan.chunks[index]
-        now = self.clock()
-        head = self.model.template.op(final.template_index).kind is OpKind.HEAD
-        runs = self._runs(chunk, final.output) if head else {}
-        for f in chunk:
-            if (s := self.states.get(f.rid)) is not None:
-                # NOTE: a verify step's KV holds its known token and the accepted drafts;
-                # the rejected ones' slots are past `num_computed`, rewritten by later steps
-                accepted = len(runs[f.rid]) - 1 if f.rid in runs else 0
-                s.num_computed = f.past + f.num_tokens - f.num_draft + accepted
-                s.on_computed()
-                self.requests.cache(s)
-                self.fair.charge(s.priority, s.tenant, f.num_tokens)
-                self.drain.record(now, max(0, min(s.prompt_len, f.past + f.num_tokens) - f.past))
-        if head:
-            tokens, logprobs, prompt = unpack(final.output)
-            for f in chunk:
-                if f.rid in prompt and (s := self.states.get(f.rid)) is not None:
-                    s.record_prompt_logprobs(f.past, prompt[f.rid])
-            sampled = [f for f in chunk if f.samples]
-            for i, (f, token) in enumerate(zip(sampled, tokens, strict=True)):
-                if (s := self.states.get(f.rid)) is None:
-                    continue
-                if f.rid in runs:
-                    self._on_run(s, runs[f.rid])
-                else:
-                    if s.spec is not None and f.num_tokens == 1:
-                        s.spec.acceptance.idle()
-                    self._on_token(s, int(token), None if logprobs is None else logprobs[i])
-        if index == len(plan.chunks) - 1:
-            self._plan_done(plan)
-
-    def _runs(self, chunk: list[Feed], output: Any) -> dict[str, list[int]]:
-        """Request id -> tokens its verify step emitted, for the chunk's drafted feeds."""
-        runs = runs_of(output)
-        if runs is None:
-            return {}
-        sampled = [f for f in chunk if f.samples]
-        return {f.rid: run for f, run in zip(sampled, runs, strict=True) if f.num_draft}
-
-    def _on_run(self, s: RequestState, run: list[int]) -> None:
-        """A verify step's tokens: each as a decoded token (a stop among them ends the
-        request there), then its acceptance booked and its rejected drafts' blocks freed."""
-        drafts = s.spec.in_flight if s.spec is not None else []
-        accepted = len(run) - 1
-        self.spec_counters.record(len(drafts), accepted)
-        if s.spec is not None:
-            s.spec.acceptance.observe(len(drafts), accepted)
-            s.spec.in_flight = []
-        for token in run:
-            self._on_token(s, token)
-        if not s.finished:
-            self.kv.shrink(s.rid, s.num_tokens)
-
-    def _on_token(self, s: RequestState, token: int,
-                  logprobs: TokenLogprobs | None = None) -> None:
-        now = self.clock()
-        if s.finished:
-            return
-        s.output_ids.append(token)
-        if s.req.constraint is not None:
-            s.req.constraint.advance(token)  # NOTE: its next mask fills while the chain runs
-        self.fair.charge(s.priority, s.tenant, 1)  # NOTE: VTC: an output token costs 2 inputs
-        if len(s.output_ids) == 1:
-            s.first_token_time = now
-            self.calibration.first_token(s.rid, now)
-            self.gmg.deadlines.pop(s.rid, None)
-            self.books.record_ttft(s.priority, now - s.req.arrival_time, s.req.ttft_slo_s)
-        s.last_token_time = now
-        reason = _finish_reason(s, token)
-        s.add_decode_node()
-        first = len(s.output_ids) == 1 and s.req.sampling.prompt_logprobs is not None
-        s.emit(TokenEvent(token, len(s.output_ids) - 1, now, reason,
-                          num_cached_tokens=s.num_cached_tokens, logprobs=logprobs,
-                          prompt_logprobs=tuple(s.prompt_logprobs) if first else None,
-                          trace=None if reason is None else s.trace(now)))
-        if reason is not None:
-            s.ending, s.stream_closed = reason, True
-
-    def _plan_done(self, plan: Plan, error: str | None = None) -> None:
-        """A plan is over (completed, withdrawn or failed): its requests are runnable again
-        or end, and a round follows (what they held may now fit something else)."""
-        self._wake.set()
-        held = self.inflight.remove(plan)
-        self.gmg.remove(plan.ops)
-        self.exec.release(plan.ops)
-        now = self.clock()
-        for rid in held:
-            if (s := self.states.get(rid)) is None:
-                continue
-            if s.journal is not None:
-                s.journal.done(now)
-            s.status = Status.RUNNABLE
-            if error is not None:
-                self.requests.end(s, FinishReason.ERROR, error, emit=not s.stream_closed)
-            elif s.ending is not None:
-                self.requests.end(s, s.ending, s.error, emit=not s.stream_closed)
-        if self.replicas.draining():
-            self.actuation.settle()
-
     # -- views -----------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
         return self.gmg.to_json()
@@ -647,21 +399,10 @@ class Scheduler(Components):
                                  max_tokens, self.cfg.block_size, device, model)
 
     def timeline(self, since: float) -> list[dict[str, Any]]:
-        self._book()
+        self.completions.book()
         return self.books.since(since)
 
     def stats(self) -> SchedulerStats:
-        self._book()
-        c = self.spec_counters
-        return dataclasses.replace(collect(self), spec_num_drafts=c.num_drafts,
-                                   spec_num_draft_tokens=c.num_draft_tokens,
-                                   spec_num_accepted_tokens=c.num_accepted_tokens,
-                                   spec_accepted_per_pos=tuple(c.accepted_per_pos))
-
-
-def _finish_reason(s: RequestState, token: int) -> FinishReason | None:
-    reason = s.req.sampling.finish(token, len(s.output_ids))
-    if reason is None and s.req.constraint is not None and s.req.constraint.is_complete:
-        return FinishReason.STOP  # the grammar is complete
-    return None if reason is None else FinishReason(reason)
+        self.completions.book()
+        return with_counters(collect(self), self.spec_counters)
 

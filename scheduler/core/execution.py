@@ -42,7 +42,7 @@ class Releases(Protocol):
 
 
 # NOTE: the loop argument is None: executors call `on_done` on their worker thread, and the
-# scheduler hands completions to its event loop itself (see Scheduler._on_done_thread).
+# scheduler hands completions to its event loop itself (`Completions.push`, core/completions.py).
 ExecutorFactory = Callable[[Device, RunOp, OnDone, asyncio.AbstractEventLoop | None],
                            ExecutorLike]
 

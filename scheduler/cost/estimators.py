@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,30 +29,22 @@ from typing import Any
 from executors.interference import Interference
 from executors.types import Device, OpInstance, OpRole, OpState
 from models.batch import BatchShape
-from models.linear import INVARIANT_ROWS
 from scheduler.cost.colearn import ColocationLearner
 from scheduler.cost.drift import DriftWatch
+from scheduler.cost.features import (
+    OP_FEATURES,
+    OP_SCALE,
+    XFER_SCALE,
+    device_kind,
+    group_size,
+    op_features,
+    op_mask,
+    runs_native,
+)
 from scheduler.cost.learnlog import LearningLog
 from scheduler.cost.linear import MIN_TIME_S, LinearEstimator
 from scheduler.cost.overlap import Overlaps, Resolved
 
-# NOTE: num_context_tokens separates the KV read of batched decode (which pads to the
-# longest context) from prefill attention; it halves the layer groups' error on CPU.
-# Up to `native_rows` rows (measured at start-up: models.tuning) the CPU kernels run their
-# native GEMV (a whole decode layer in one call); above, the GEMM kernels. native_rows
-# counts the rows past the first within the GEMV's range, gemm_rows is 1 above it: without
-# them one line through both regimes missed the layer groups' own profile by 10% on average,
-# up to 24% (2.5% with gemm_rows).
-OP_FEATURES = ("num_tokens", "attn_work", "num_seqs", "num_sampled", "num_context_tokens",
-               "native_rows", "gemm_rows", "const")
-_OP_MASKS = {  # which features each kind of op uses (by op name)
-    "embed": (True, False, False, False, False, False, False, True),
-    "layers": (True, True, True, False, True, True, True, True),
-    "head": (True, False, False, True, False, False, False, True),
-}
-_OP_SCALE = (1e3, 1e6, 1e2, 1e2, 1e4, 1.0, 1.0, 1.0)  # typical magnitudes (a well-posed fit)
-XFER_FEATURES = ("num_bytes", "const")
-_XFER_SCALE = (1e6, 1.0)
 # NOTE: a transfer between devices that were never profiled together is priced as bytes
 # over a bandwidth (a measured host copy bandwidth divided by this margin, else the default)
 # plus a fixed cost, until the pair is profiled in the background.
@@ -61,53 +52,7 @@ FALLBACK_MARGIN = 4.0
 FALLBACK_BANDWIDTH_BYTES_S = 1e9
 FALLBACK_XFER_CONST_S = 1e-4
 logger = logging.getLogger(__name__)
-_GROUP = re.compile(r"layers\[(\d+):(\d+)\]")
 FORMAT_VERSION = 4
-
-
-def runs_native(s: BatchShape, native_rows: int) -> bool:
-    """Whether a step of `s` runs the native GEMV: within `native_rows` rows, or a verify
-    step's decode rows (every sequence samples all it feeds, some more than one) within
-    `INVARIANT_ROWS`, which run it whatever `native_rows` (`models.batch.Batch.row_invariant`)."""
-    if s.num_tokens <= native_rows:
-        return True
-    verify = s.num_sampled > s.num_seqs and s.num_tokens == s.num_sampled
-    return native_rows >= 1 and verify and s.num_tokens <= INVARIANT_ROWS
-
-
-def op_features(s: BatchShape, native_rows: int = 1) -> tuple[float, ...]:
-    native = runs_native(s, native_rows)
-    return (s.num_tokens, s.attn_work, s.num_seqs, s.num_sampled, s.num_context_tokens,
-            s.num_tokens - 1.0 if native else 0.0, 0.0 if native else 1.0, 1.0)
-
-
-def op_mask(op_name: str) -> tuple[bool, ...]:
-    op_name = op_name.rpartition("/")[2]  # a model set's `NAME/layers[0:5]`
-    kind = "layers" if _GROUP.fullmatch(op_name) else op_name
-    if kind not in _OP_MASKS:
-        raise KeyError(f"no feature set for op {op_name!r}")
-    return _OP_MASKS[kind]
-
-
-def group_size(op_name: str) -> int | None:
-    m = _GROUP.fullmatch(op_name.rpartition("/")[2])
-    return int(m.group(2)) - int(m.group(1)) if m else None
-
-
-def device_kind(name: str) -> str:
-    """`cpu` for `cpu:N`; the GPU's name for `cuda:N` (`cuda` when CUDA is absent, or for a
-    remote `NODE/cuda:N`, whose name is not known here)."""
-    remote, _, local = name.rpartition("/")
-    if local.startswith("cpu"):
-        return "cpu"
-    if remote:
-        return "cuda"
-    import torch  # NOTE: local so that reading estimators never initialises CUDA eagerly
-
-    dev = Device(name, 1)
-    if torch.cuda.is_available() and dev.index < torch.cuda.device_count():
-        return torch.cuda.get_device_name(dev.index)
-    return "cuda"
 
 
 class Estimators:
@@ -294,7 +239,7 @@ class Estimators:
                      seconds: Sequence[float]) -> LinearEstimator:
         """Fit `(src, dst)`; both may be device names or kinds (a kind pair is a fallback)."""
         est = self.transfers[(src, dst)] = LinearEstimator(
-            _xfer_name(src, dst), (True, True), _XFER_SCALE, self.window, self.refit_every)
+            _xfer_name(src, dst), (True, True), XFER_SCALE, self.window, self.refit_every)
         est.fit([(b, 1.0) for b in num_bytes], seconds)
         self._xfer_cache.clear()
         return est
@@ -364,7 +309,7 @@ class Estimators:
 
     def _new_op(self, kind: str, op_name: str) -> LinearEstimator:
         est = self.ops[(kind, op_name)] = LinearEstimator(
-            f"{kind}/{op_name}", op_mask(op_name), _OP_SCALE, self.window, self.refit_every)
+            f"{kind}/{op_name}", op_mask(op_name), OP_SCALE, self.window, self.refit_every)
         self._op_cache.clear()
         return est
 
@@ -394,7 +339,7 @@ class Estimators:
                            kind)
             self.missing_ops.add((kind, op_name))
         return LinearEstimator.fixed(f"{kind}/{op_name} (fallback)", op_mask(op_name),
-                                     _OP_SCALE, self.fallback_op(op_name))
+                                     OP_SCALE, self.fallback_op(op_name))
 
     def _fallback_xfer(self, src: str, dst: str) -> LinearEstimator:
         bandwidth = (self.copy_bandwidth_bytes_s / FALLBACK_MARGIN
@@ -405,7 +350,7 @@ class Estimators:
             self.missing_pairs.add((src, dst))
             self._to_profile.append((src, dst))
         return LinearEstimator.fixed(_xfer_name(src, dst) + " (fallback)", (True, True),
-                                     _XFER_SCALE, (1 / bandwidth, FALLBACK_XFER_CONST_S))
+                                     XFER_SCALE, (1 / bandwidth, FALLBACK_XFER_CONST_S))
 
     def take_pairs_to_profile(self) -> list[tuple[str, str]]:
         """Device pairs that fell back since the last call (each is handed out once)."""

@@ -39,7 +39,8 @@ from models.loader import Model
 from models.steps import startup_step
 from models.template import GraphTemplate, OpKind
 from scheduler.cost.colocation import profile_colocation
-from scheduler.cost.estimators import Estimators, device_kind
+from scheduler.cost.estimators import Estimators
+from scheduler.cost.features import device_kind
 from scheduler.cost.linear import LinearEstimator
 from scheduler.cost.oprunner import (
     Case,

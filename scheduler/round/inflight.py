@@ -12,7 +12,7 @@ from collections import Counter
 
 from executors.types import Priority
 from scheduler.round.plan import Plan
-from scheduler.round.requestview import Placement
+from scheduler.round.requestview import Placement, RequestView
 
 
 class InFlight:
@@ -42,6 +42,11 @@ class InFlight:
         else:
             self.decodes.add(plan.placement)
             self.decode_classes[(plan.placement, plan.priority)] += 1
+
+    def step_ends(self, running: tuple[RequestView, ...]) -> dict[str, int]:
+        """Request -> the last op of its plan in flight, for running requests with a pace."""
+        plans = ((r.rid, self.by_request.get(r.rid)) for r in running if r.is_paced)
+        return {rid: plan.finals[-1].op_id for rid, plan in plans if plan and plan.finals}
 
     def cancel(self, plan: Plan) -> None:
         """Its request was withdrawn: every op's completion now matters at once."""

@@ -8,6 +8,7 @@ the official-client and disconnect tests.
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -45,6 +46,37 @@ tenants:
     api_keys: [sk-nightly-1]
     priority: low
 """
+
+
+ADMIN = {"Authorization": "Bearer sk-admin-1"}  # the admin key of `tenants_yaml`
+
+
+def tenants_yaml(ide: dict[str, Any] | None = None,
+                 nightly: dict[str, Any] | None = None) -> str:
+    """The live servers' tenants file: admin key sk-admin-1, tenant `ide` (high priority,
+    key sk-ide-1) and `nightly` (low, sk-nightly-1), each with the extra fields given."""
+    lines = ["admin_keys: [sk-admin-1]", "tenants:"]
+    for name, priority, extra in (("ide", "high", ide), ("nightly", "low", nightly)):
+        lines += [f"  - name: {name}", f"    api_keys: [sk-{name}-1]",
+                  f"    priority: {priority}"]
+        lines += [f"    {key}: {json.dumps(value)}" for key, value in (extra or {}).items()]
+    return "\n".join(lines) + "\n"
+
+
+def write_tenants(folder: Path, ide: dict[str, Any] | None = None,
+                  nightly: dict[str, Any] | None = None) -> str:
+    """`tenants_yaml(ide, nightly)` written to folder/tenants.yaml; its path (`--tenants`)."""
+    path = folder / "tenants.yaml"
+    path.write_text(tenants_yaml(ide, nightly))
+    return str(path)
+
+
+def tiny_server_args(folder: Path, *flags: str, ide: dict[str, Any] | None = None,
+                     nightly: dict[str, Any] | None = None) -> list[str]:
+    """`python -m gateway serve` arguments: the tiny random model (float32, 0.25 GiB a
+    device), `flags`, and the tenants of `tenants_yaml(ide, nightly)` written to `folder`."""
+    return ["--model", "tiny-random", "--dtype", "float32", "--device-memory-gib", "0.25",
+            *flags, "--tenants", write_tenants(folder, ide, nightly), "--log-level", "warning"]
 
 
 def make_config(tenants: TenantsConfig | None = None, **server: Any) -> GatewayConfig:

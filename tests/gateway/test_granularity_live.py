@@ -17,20 +17,9 @@ import httpx
 import openai
 import pytest
 
+from tests.gateway.harness import ADMIN, tiny_server_args
 from tests.serve import GatewayProcess
 
-ADMIN = {"Authorization": "Bearer sk-admin-1"}
-TENANTS = """admin_keys: [sk-admin-1]
-tenants:
-  - name: ide
-    api_keys: [sk-ide-1]
-    priority: high
-    ttft_slo_ms: 5000
-    tpot_slo_ms: 50
-  - name: nightly
-    api_keys: [sk-nightly-1]
-    priority: low
-"""
 PROMPT = "lorem ipsum " * 60
 OPS = {"embed", "head", "recv", "send", "layers[0:2]", "layers[2:4]",
        *(f"layers[{i}:{i + 1}]" for i in range(4))}
@@ -38,11 +27,9 @@ OPS = {"embed", "head", "recv", "send", "layers[0:2]", "layers[2:4]",
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[GatewayProcess]:
-    (tmp_path / "tenants.yaml").write_text(TENANTS)
-    s = GatewayProcess(["--model", "tiny-random", "--dtype", "float32", "--layer-groups", "1,2",
-                        "--max-num-batched-tokens", "64",
-                        "--device-memory-gib", "0.25", "--tenants",
-                        str(tmp_path / "tenants.yaml"), "--log-level", "warning"],
+    s = GatewayProcess(tiny_server_args(tmp_path, "--layer-groups", "1,2",
+                                        "--max-num-batched-tokens", "64",
+                                        ide={"ttft_slo_ms": 5000, "tpot_slo_ms": 50}),
                        tmp_path / "server.log")
     try:
         yield s

@@ -25,30 +25,19 @@ from tests.gateway.batches.helpers import (
     upload,
     wait_for,
 )
+from tests.gateway.harness import write_tenants
 from tests.serve import REPO, GatewayProcess
 
-TENANTS = """admin_keys: [sk-admin-1]
-tenants:
-  - name: ide
-    api_keys: [sk-ide-1]
-    priority: high
-    ttft_slo_ms: 2000
-    default_model: chat
-  - name: nightly
-    api_keys: [sk-nightly-1]
-    priority: low
-    models: [batch]
-    default_model: batch
-"""
 PROMPT = "The capital of France is"
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     tmp = tmp_path_factory.mktemp("models")
-    (tmp / "tenants.yaml").write_text(TENANTS)
     s = GatewayProcess(["--model", "chat=default", "--model", "batch=default",
-                        "--devices", "cpu:0,cpu:1", "--tenants", str(tmp / "tenants.yaml"),
+                        "--devices", "cpu:0,cpu:1", "--tenants",
+                        write_tenants(tmp, {"ttft_slo_ms": 2000, "default_model": "chat"},
+                                      {"models": ["batch"], "default_model": "batch"}),
                         "--data-dir", str(tmp / "data"), "--log-level", "warning"],
                        tmp / "server.log", ready_timeout_s=600)
     try:

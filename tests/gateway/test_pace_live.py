@@ -16,30 +16,17 @@ import httpx
 import openai
 import pytest
 
+from tests.gateway.harness import ADMIN, tiny_server_args
 from tests.serve import GatewayProcess
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
-ADMIN = {"Authorization": "Bearer sk-admin-1"}
-TENANTS = """admin_keys: [sk-admin-1]
-tenants:
-  - name: ide
-    api_keys: [sk-ide-1]
-    priority: high
-    ttft_slo_ms: 5000
-    tpot_slo_ms: 5000
-  - name: nightly
-    api_keys: [sk-nightly-1]
-    priority: low
-"""
 
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[GatewayProcess]:
-    (tmp_path / "tenants.yaml").write_text(TENANTS)
-    s = GatewayProcess(["--model", "tiny-random", "--dtype", "float32",
-                        "--device-memory-gib", "0.25", "--tenants",
-                        str(tmp_path / "tenants.yaml"), "--log-level", "warning"],
+    s = GatewayProcess(tiny_server_args(tmp_path, ide={"ttft_slo_ms": 5000,
+                                                       "tpot_slo_ms": 5000}),
                        tmp_path / "server.log")
     try:
         yield s

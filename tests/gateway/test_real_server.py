@@ -12,32 +12,19 @@ import httpx
 import openai
 import pytest
 
+from tests.gateway.harness import ADMIN, tiny_server_args
 from tests.serve import GatewayProcess
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
-ADMIN = {"Authorization": "Bearer sk-admin-1"}
-TENANTS = """admin_keys: [sk-admin-1]
-tenants:
-  - name: ide
-    api_keys: [sk-ide-1]
-    priority: high
-    ttft_slo_ms: 2000
-  - name: nightly
-    api_keys: [sk-nightly-1]
-    priority: low
-    share_prefix_cache: false
-"""
-
 
 class Server(GatewayProcess):
-    """The gateway on the tiny model with the tenants above."""
+    """The gateway on the tiny model; tenant nightly does not share the prefix cache."""
 
     def __init__(self, tmp: Path) -> None:
-        (tmp / "tenants.yaml").write_text(TENANTS)
-        super().__init__(["--model", "tiny-random", "--dtype", "float32",
-                          "--device-memory-gib", "0.25", "--tenants", str(tmp / "tenants.yaml"),
-                          "--log-level", "warning"], tmp / "server.log")
+        super().__init__(tiny_server_args(tmp, ide={"ttft_slo_ms": 2000},
+                                          nightly={"share_prefix_cache": False}),
+                         tmp / "server.log")
 
     def kv_blocks_used(self) -> int:
         gmg = httpx.get(f"{self.url}/admin/gmg", headers=ADMIN, timeout=5).json()

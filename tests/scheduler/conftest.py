@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -7,6 +8,7 @@ import pytest
 import models
 from executors.types import Device
 from models.batch import BatchShape
+from scheduler.api import FinishReason, Request
 from scheduler.config import SchedulerConfig
 from scheduler.cost import firstrows
 from scheduler.scheduler import Scheduler
@@ -45,3 +47,23 @@ def make_scheduler(model: models.Model, policy: str, mem: int = 256 << 20,
     devs = [Device("cpu:0", mem), Device("cpu:1", mem)]
     cfg = SchedulerConfig(policy=policy, max_model_len=1024, max_batch_tokens=512)
     return Scheduler(model, devs, policy, linear_time, xfer_time, cfg, **kw)  # type: ignore[arg-type]
+
+
+@dataclasses.dataclass
+class Streamed:
+    """What one request's stream brought: its tokens, how it ended, and its cached prompt
+    tokens (as its last event counts them; -1: no event)."""
+
+    tokens: list[int]
+    finish: FinishReason | None = None
+    num_cached: int = -1
+
+
+async def stream(sched: Scheduler, request: Request) -> Streamed:
+    """Submit `request` and read its stream to the end."""
+    out = Streamed([])
+    async for ev in sched.submit(request):
+        if ev.token_id is not None:
+            out.tokens.append(ev.token_id)
+        out.finish, out.num_cached = ev.finish_reason, ev.num_cached_tokens
+    return out

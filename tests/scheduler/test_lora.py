@@ -17,7 +17,7 @@ from scheduler.api import Request
 from scheduler.config import SchedulerConfig
 from scheduler.scheduler import Scheduler
 from tests.models.peft_ref import ALL, greedy, make_adapter, reference_model
-from tests.scheduler.conftest import linear_time, xfer_time
+from tests.scheduler.conftest import linear_time, stream, xfer_time
 
 pytestmark = pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing`:FutureWarning")
 
@@ -50,13 +50,8 @@ def _scheduler(model: models.Model, policy: str = "slice", **cfg: object) -> Sch
 
 async def _run(sched: Scheduler, rid: str, prompt: list[int], adapter: str | None
                ) -> tuple[list[int], int]:
-    tokens, cached = [], -1
-    async for ev in sched.submit(Request(rid, "t", Priority.HIGH, prompt, GREEDY,
-                                         adapter=adapter)):
-        if ev.token_id is not None:
-            tokens.append(ev.token_id)
-        cached = ev.num_cached_tokens
-    return tokens, cached
+    out = await stream(sched, Request(rid, "t", Priority.HIGH, prompt, GREEDY, adapter=adapter))
+    return out.tokens, out.num_cached
 
 
 def _want(tiny_model_dir: Path, adapters: dict[str, Path], name: str | None,

@@ -13,7 +13,7 @@ from scheduler.api import Request
 from scheduler.config import SchedulerConfig
 from scheduler.scheduler import Scheduler
 from tests.scheduler.cluster import ClusterRun
-from tests.scheduler.conftest import linear_time, xfer_time
+from tests.scheduler.conftest import linear_time, stream, xfer_time
 from tests.scheduler.memory.test_kv_property import BLOCK_BYTES
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8)
@@ -29,13 +29,8 @@ def _scheduler(model: models.Model, policy: str, caching: bool) -> Scheduler:
 
 async def _run(sched: Scheduler, rid: str, prompt: list[int], salt: str = ""
                ) -> tuple[list[int], int]:
-    tokens, cached = [], -1
-    async for ev in sched.submit(Request(rid, "t", Priority.HIGH, prompt, GREEDY,
-                                         cache_salt=salt)):
-        if ev.token_id is not None:
-            tokens.append(ev.token_id)
-        cached = ev.num_cached_tokens
-    return tokens, cached
+    out = await stream(sched, Request(rid, "t", Priority.HIGH, prompt, GREEDY, cache_salt=salt))
+    return out.tokens, out.num_cached
 
 
 # (prompt, tokens cached after BASE ran): a shared prefix, a prefix ending mid-block (two

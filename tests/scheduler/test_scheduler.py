@@ -11,10 +11,10 @@ import models
 from executors.types import Priority
 from models.generate import generate
 from models.sampling_params import SamplingParams
-from scheduler import scheduler as scheduler_module
 from scheduler.api import FinishReason, Overloaded, Request, RequestTooLarge
+from scheduler.core import completions as completions_module
 from scheduler.policies import POLICIES
-from tests.scheduler.conftest import make_scheduler
+from tests.scheduler.conftest import make_scheduler, stream
 
 GREEDY = SamplingParams(temperature=0, max_tokens=10)
 
@@ -24,12 +24,8 @@ def _prompts() -> list[list[int]]:
 
 
 async def _collect(sched, req: Request) -> tuple[list[int], FinishReason | None]:  # type: ignore[no-untyped-def]
-    tokens, last = [], None
-    async for ev in sched.submit(req):
-        if ev.token_id is not None:
-            tokens.append(ev.token_id)
-        last = ev.finish_reason
-    return tokens, last
+    out = await stream(sched, req)
+    return out.tokens, out.finish
 
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
@@ -86,10 +82,10 @@ async def test_lone_long_prefill_is_pipelined_over_both_devices(tiny_model: mode
     assert any(e["role"] == "send" for e in sched.timeline(0.0))
 
 
-@pytest.mark.parametrize("delay_s", [60.0, scheduler_module.BOOK_AFTER_S])
+@pytest.mark.parametrize("delay_s", [60.0, completions_module.BOOK_AFTER_S])
 async def test_ops_are_booked_after_their_tokens_and_listed_when_read(
         tiny_model: models.Model, monkeypatch: pytest.MonkeyPatch, delay_s: float) -> None:
-    monkeypatch.setattr(scheduler_module, "BOOK_AFTER_S", delay_s)
+    monkeypatch.setattr(completions_module, "BOOK_AFTER_S", delay_s)
     sched = make_scheduler(tiny_model, "slice")
     await sched.start()
     try:

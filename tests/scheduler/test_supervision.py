@@ -65,13 +65,13 @@ async def test_a_decision_that_raises_fails_only_its_request() -> None:
 
 async def test_a_completion_handler_that_raises_fails_its_plan_only() -> None:
     async with ClusterRun("fcfs") as run:
-        real = run.sched._chunk_done
+        real = run.sched.completions._chunk_done
 
         def chunk_done(plan, index, final) -> None:  # type: ignore[no-untyped-def]
             if "bad" in plan.rids:
                 raise KeyError("injected handler failure")
             real(plan, index, final)
-        run.sched._chunk_done = chunk_done  # type: ignore[method-assign]
+        run.sched.completions._chunk_done = chunk_done  # type: ignore[method-assign]
         bad = run.submit("bad", Priority.HIGH, 30)
         await run.run_out()
         good = run.submit("good", Priority.HIGH, 30)

@@ -13,7 +13,8 @@ from models.batch import BatchShape
 from models.choices import PORTABLE, KernelChoice, LayerChoice
 from models.linear import INVARIANT_ROWS
 from models.loader import load
-from scheduler.cost.estimators import Estimators, op_features, runs_native
+from scheduler.cost.estimators import Estimators
+from scheduler.cost.features import op_features, runs_native
 from scheduler.cost.profiling import Sweep, load_or_profile
 
 # true seconds per num_tokens, attn_work, num_seqs, num_sampled, num_context_tokens,

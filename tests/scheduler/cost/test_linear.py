@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler.cost import linear
-from scheduler.cost.estimators import Estimators, op_features
+from scheduler.cost.estimators import Estimators
+from scheduler.cost.features import op_features
 from tests.scheduler.cost.test_estimators import TRUE_LAYERS, _shapes, _time
 
 OP = "layers[0:5]"

@@ -22,11 +22,12 @@ from scheduler.api import FinishReason, Request
 from scheduler.config import SchedulerConfig
 from scheduler.cost import drift
 from scheduler.cost.deferral import QUIET_S
-from scheduler.cost.estimators import op_features
+from scheduler.cost.features import op_features
 from scheduler.cost.oprunner import OnDevice
 from scheduler.cost.profiling import Sweep, load_or_profile
 from scheduler.cost.reprofile import PairProfiler
 from scheduler.factory import build_scheduler, parse_devices, set_chains
+from scheduler.scheduler import Scheduler
 
 SMALL = Sweep(prefill_tokens=(4, 64, 256), chunks=((32, 64),), decode_batches=(1, 3),
               decode_contexts=(8, 64), transfer_tokens=(1, 8, 32), repeats=1)
@@ -113,14 +114,19 @@ async def test_a_drifted_kind_is_profiled_again_when_the_devices_are_idle(
     assert again.transfers.keys() == est.transfers.keys() and again.interference is not None
 
 
-async def test_a_stop_ends_a_waiting_re_profile_without_an_error(
-        tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    model = load(tiny_model_dir, dtype="float32")
+def _on_cpu0(model_dir: Path, tmp_path: Path) -> tuple[Scheduler, PairProfiler]:
+    """A slice scheduler on cpu:0 over the profiled tiny model, and its background profiler."""
+    model = load(model_dir, dtype="float32")
     est = load_or_profile(model, ["cpu:0"], tmp_path, SMALL)
     cfg = SchedulerConfig(policy="slice", max_model_len=1024, max_batch_tokens=512)
     sched = build_scheduler(model, parse_devices("cpu:0", 0.25), cfg, est)
-    profiler = sched.profiler
-    assert profiler is not None
+    assert sched.profiler is not None
+    return sched, sched.profiler
+
+
+async def test_a_stop_ends_a_waiting_re_profile_without_an_error(
+        tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    sched, profiler = _on_cpu0(tiny_model_dir, tmp_path)
     waits: list[float] = []
 
     def never_idle() -> bool:  # NOTE: a device kept busy: the sweep waits before its first op
@@ -168,12 +174,7 @@ def _threads_of_timed_ops(profiler: PairProfiler) -> list[str]:
 
 async def test_a_re_profile_waits_for_interactive_work_and_logs_its_cost(
         tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    model = load(tiny_model_dir, dtype="float32")
-    est = load_or_profile(model, ["cpu:0"], tmp_path, SMALL)
-    cfg = SchedulerConfig(policy="slice", max_model_len=1024, max_batch_tokens=512)
-    sched = build_scheduler(model, parse_devices("cpu:0", 0.25), cfg, est)
-    profiler = sched.profiler
-    assert profiler is not None
+    sched, profiler = _on_cpu0(tiny_model_dir, tmp_path)
     timed: list[float] = []  # when each op of the sweep was timed (monotonic)
     spy_on = _threads_of_timed_ops(profiler)
     inner = profiler._wait_idle
@@ -203,7 +204,7 @@ async def test_a_re_profile_waits_for_interactive_work_and_logs_its_cost(
     assert any(ln.startswith("re-profile of cpu deferred: 0 interactive request(s) waiting, "
                              "1 running") for ln in lines), lines
     (done,) = [ln for ln in lines if ln.startswith("re-profiled the ops of cpu on cpu:0")]
-    ops, sweep = len(model.template.ops), profiler.sweep
+    ops, sweep = len(sched.model.template.ops), profiler.sweep
     assert f": {ops} ops x {len(sweep.cases())} shapes x {sweep.repeats} repeats in " in done
     deferred = float(done.rsplit("of which ", 1)[1].split(" s")[0])
     assert deferred >= QUIET_S  # at least the quiet period after the stream

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from models.kv_cache import KVCache
-from scheduler.memory.kv import KVManager, layer_devices
+from scheduler.memory.kv import KVManager, Reservation, layer_devices
 from tests.scheduler.cluster import weightless
 
 MODEL = weightless(layers_per_group=2)  # embed, layers[0:2], layers[2:4], head
@@ -31,6 +31,19 @@ def _read(pool: KVCache, table: list[int], layer: int, tokens: int) -> list[floa
     return [float(pool.keys[layer][0, table[p // 4], p % 4, 0]) for p in range(tokens)]
 
 
+def _split_and_filled(kv: KVManager, tokens: int
+                      ) -> tuple[Reservation, dict[int, str], dict[int, list[float]]]:
+    """Request "a" placed on `SPLIT`, its KV filled: its reservation, the device of each
+    layer, and what each layer's keys hold."""
+    r = kv.reserve("a", {"cpu:0", "cpu:1"}, tokens)
+    layers = layer_devices(MODEL.template, SPLIT)
+    for d in ("cpu:0", "cpu:1"):
+        _fill(kv.pools[d], r.tables[d], range(4), tokens, salt=0.5 if d == "cpu:0" else 0.25)
+    want = {layer: _read(kv.pools[layers[layer]], r.tables[layers[layer]], layer, tokens)
+            for layer in range(4)}
+    return r, layers, want
+
+
 def test_grow_appends_blocks_on_every_device_of_the_placement() -> None:
     kv = _kv()
     r = kv.reserve("a", {"cpu:0", "cpu:1"}, 6)  # 2 blocks of 4
@@ -46,12 +59,7 @@ def test_grow_appends_blocks_on_every_device_of_the_placement() -> None:
 
 def test_swap_out_and_in_keeps_every_layers_kv() -> None:
     kv = _kv()
-    r = kv.reserve("a", {"cpu:0", "cpu:1"}, 10)
-    layers = layer_devices(MODEL.template, SPLIT)
-    for d in ("cpu:0", "cpu:1"):
-        _fill(kv.pools[d], r.tables[d], range(4), 10, salt=0.5 if d == "cpu:0" else 0.25)
-    want = {layer: _read(kv.pools[layers[layer]], r.tables[layers[layer]], layer, 10)
-            for layer in range(4)}
+    r, layers, want = _split_and_filled(kv, 10)
     assert kv.can_swap_out(10)
     kv.swap_out("a", 10, layers)
     assert kv.used_blocks() == 0 and kv.host_free_bytes == (1 << 30) - kv.swap_bytes(10)
@@ -73,12 +81,7 @@ def test_swap_needs_host_room() -> None:
 
 def test_migration_gathers_the_layers_onto_one_device_and_frees_the_other() -> None:
     kv = _kv()
-    r = kv.reserve("a", {"cpu:0", "cpu:1"}, 7)
-    layers = layer_devices(MODEL.template, SPLIT)
-    for d in ("cpu:0", "cpu:1"):
-        _fill(kv.pools[d], r.tables[d], range(4), 7, salt=0.5 if d == "cpu:0" else 0.25)
-    want = {layer: _read(kv.pools[layers[layer]], r.tables[layers[layer]], layer, 7)
-            for layer in range(4)}
+    r, layers, want = _split_and_filled(kv, 7)
     kv.migrate("a", 7, layers, "cpu:1")
     assert list(r.tables) == ["cpu:1"] and kv.pools["cpu:0"].allocator.num_used == 0
     for layer in range(4):

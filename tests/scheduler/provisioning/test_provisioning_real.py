@@ -13,6 +13,7 @@ from scheduler.config import SchedulerConfig
 from scheduler.factory import build_scheduler
 from scheduler.memory.replicas import ReplicaState
 from scheduler.scheduler import Scheduler
+from tests.scheduler.conftest import stream
 
 PARAMS = SamplingParams(temperature=0, max_tokens=6)
 
@@ -20,12 +21,8 @@ PARAMS = SamplingParams(temperature=0, max_tokens=6)
 async def collect(sched: Scheduler, rid: str, prompt: list[int]) -> tuple[list[int], object]:
     req = Request(rid, "t", Priority.HIGH, prompt, PARAMS, ttft_slo_s=30.0,
                   arrival_time=time.monotonic())
-    tokens, finish = [], None
-    async for ev in sched.submit(req):
-        if ev.token_id is not None:
-            tokens.append(ev.token_id)
-        finish = ev.finish_reason
-    return tokens, finish
+    out = await stream(sched, req)
+    return out.tokens, out.finish
 
 
 async def until(cond: object, timeout_s: float = 30.0) -> None:

@@ -85,7 +85,7 @@ async def test_concurrent_requests_keep_parity_and_roll_back_rejected_kv(
     alloc = sched.kv.pools["cpu:0"].allocator
     assert isinstance(alloc, CachingAllocator)
     held_after_runs: list[tuple[int, int, int]] = []
-    on_run = sched._on_run
+    on_run = sched.completions._on_run
 
     def checked(s: RequestState, run: list[int]) -> None:
         on_run(s, run)
@@ -93,7 +93,7 @@ async def test_concurrent_requests_keep_parity_and_roll_back_rejected_kv(
             held_after_runs.append((blocks_for(s.num_computed, 16), len(s.tables["cpu:0"]),
                                     blocks_for(s.num_tokens, 16)))
 
-    sched._on_run = checked  # type: ignore[method-assign]
+    sched.completions._on_run = checked  # type: ignore[method-assign]
     await sched.start()
     try:
         prompts = _prompts(12, seed=1)
