@@ -133,10 +133,11 @@ class SlicePolicy:
                ) -> dict[str, Spread]:
         """The burst's order and spreads (`burst_schedule`), for waiting requests of `prio`
         with deadlines while a device has no prefill of the class: their prefill seconds on
-        one device and over two are predicted by simulation (each request alone). Empty
-        (the deadline order, each at its best) for fewer than two such requests."""
-        devices = draft.view.devices
-        if len(devices) < 2 or all(prefilling(draft, d, prio) for d in devices):
+        one device and over two are predicted by simulation (each request alone), on the
+        devices free of such prefills. Empty (the deadline order, each at its best) for
+        fewer than two such requests."""
+        free = [d for d in draft.view.devices if not prefilling(draft, d, prio)]
+        if len(draft.view.devices) < 2 or not free:
             return {}
         # NOTE: a request held for a device last round keeps its wait (`_still_held`)
         burst = [r for r in waiting if r.ttft_deadline is not None
@@ -145,13 +146,16 @@ class SlicePolicy:
             return {}
         now, jobs = draft.view.now, []
         for r in burst:
-            one, two = self._best(draft, r, Spread.ONE), self._best(draft, r, Spread.SPLIT)
+            one = self._best(draft, r, Spread.ONE)
+            two = self._best(draft, r, Spread.SPLIT) if len(free) > 1 else None
             if one is None:
                 return {}  # NOTE: out of memory on every device alone: as before
             assert r.ttft_deadline is not None
             jobs.append(BurstJob(r.rid, r.ttft_deadline - now, max(0.0, one.score[1] - now),
                                  None if two is None else max(0.0, two.score[1] - now)))
-        return dict(burst_schedule(jobs, len(devices)).order)
+        # NOTE: the list schedule starts on the devices with no prefill of the class (a
+        # device running one frees later than the burst's own prefills can tell)
+        return dict(burst_schedule(jobs, len(free)).order)
 
     def _place(self, draft: Draft, r: RequestView, later: list[RequestView],
                held: set[str], spread: Spread | None = None) -> bool | str:
