@@ -132,13 +132,13 @@ class SlicePolicy:
     def _burst(self, draft: Draft, waiting: list[RequestView], prio: Priority
                ) -> dict[str, Spread]:
         """The burst's order and spreads (`burst_schedule`), for waiting requests of `prio`
-        with deadlines while a device has no prefill of the class: their prefill seconds on
-        one device and over two are predicted by simulation (each request alone), on the
-        devices free of such prefills. Empty (the deadline order, each at its best) for
-        fewer than two such requests."""
+        with deadlines while two devices or more have no prefill of the class: their prefill
+        seconds on one device and over two are predicted by simulation (each request
+        alone), on those devices. Empty (the deadline order, each at its best) for fewer
+        than two such requests."""
         free = [d for d in draft.view.devices if not prefilling(draft, d, prio)]
-        if len(draft.view.devices) < 2 or not free:
-            return {}
+        if len(free) < 2:
+            return {}  # NOTE: one device free: the deadline order, packed as before
         # NOTE: a request held for a device last round keeps its wait (`_still_held`)
         burst = [r for r in waiting if r.ttft_deadline is not None
                  and self._still_held(draft, r) is None][:MAX_BURST]
@@ -146,8 +146,7 @@ class SlicePolicy:
             return {}
         now, jobs = draft.view.now, []
         for r in burst:
-            one = self._best(draft, r, Spread.ONE)
-            two = self._best(draft, r, Spread.SPLIT) if len(free) > 1 else None
+            one, two = self._best(draft, r, Spread.ONE), self._best(draft, r, Spread.SPLIT)
             if one is None:
                 return {}  # NOTE: out of memory on every device alone: as before
             assert r.ttft_deadline is not None
