@@ -17,8 +17,12 @@ simulation (`SlicePolicy._burst`) and places the burst's head with its spread.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
+from typing import TypeVar
+
+T = TypeVar("T")
 
 MAX_BURST = 4  # requests ordered by enumeration (4! orders x 2^4 spreads); the rest after
 
@@ -98,3 +102,12 @@ def _cost(pairs: list[tuple[BurstJob, Spread]], num_devices: int) -> tuple[int, 
         on_time += end <= job.slack_s
         total += end
     return -on_time, total
+
+
+def in_burst_order(items: list[T], order: list[str], rid: Callable[[T], str]) -> list[T]:
+    """`items` with those whose `rid` is named in `order` put in that order, in the places
+    they held; the others keep theirs."""
+    by_rid = {rid(x): x for x in items}
+    burst = iter([by_rid[r] for r in order])
+    named = set(order)
+    return [next(burst) if rid(x) in named else x for x in items]

@@ -26,7 +26,13 @@ from collections.abc import Callable
 from functools import partial
 
 from executors.types import Priority
-from scheduler.policies.burst import MAX_BURST, BurstJob, Spread, burst_schedule
+from scheduler.policies.burst import (
+    MAX_BURST,
+    BurstJob,
+    Spread,
+    burst_schedule,
+    in_burst_order,
+)
 from scheduler.policies.common import (
     chunk_feeds,
     decode_plans,
@@ -95,8 +101,9 @@ class SlicePolicy:
         waiting = sorted(draft.waiting(prio),
                          key=lambda r: (r.ttft_deadline or float("inf"), r.arrival_s))
         spreads = self._burst(draft, waiting, prio)
-        rank = {rid: i for i, rid in enumerate(spreads)}
-        waiting.sort(key=lambda r: rank.get(r.rid, len(rank)))  # NOTE: stable: the rest after
+        # NOTE: the others keep their places: one held for a device still comes before the
+        # later ones that might take that device
+        waiting = in_burst_order(waiting, list(spreads), lambda r: r.rid)
         held: set[str] = set()  # devices a request waits for (`step_first`)
         for i, r in enumerate(waiting):
             if not draft.is_waiting(r):

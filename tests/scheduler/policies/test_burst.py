@@ -1,6 +1,6 @@
 import pytest
 
-from scheduler.policies.burst import BurstJob, Spread, burst_schedule
+from scheduler.policies.burst import BurstJob, Spread, burst_schedule, in_burst_order
 
 # a 465-token prompt as the fakes run it: ~285 ms on one device, ~190 ms as a pipeline over two
 LONG = (0.285, 0.19)
@@ -45,3 +45,9 @@ def test_bad_input_is_refused() -> None:
         _job("x", 1.0, -0.1, None)
     with pytest.raises(ValueError, match="num_devices"):
         burst_schedule([], num_devices=0)
+
+
+def test_the_burst_is_reordered_in_its_own_places_and_the_rest_keep_theirs() -> None:
+    items = ["held", "b1", "other", "b2", "b3"]
+    got = in_burst_order(items, ["b3", "b1", "b2"], lambda x: x)
+    assert got == ["held", "b3", "other", "b1", "b2"]
