@@ -6,12 +6,13 @@ multiples of the pad. oneDNN builds each one's GEMM primitives the first time
 it meets it (`python -m benchmarks.models first-runs`: +11 to +39 ms at 100-530 rows on
 an AMX CPU; +6-7 ms in the first layer group at 600-1024 rows on an AVX-512 one);
 running them once at start-up, on the executors' thread count (oneDNN keys its
-primitives by it), takes that off the first requests: about 1.1 s up to 512 rows
-and 2-3 s up to 1024 on one thread for the default model.
+primitives by it), takes that off the first requests.
 
-Nothing else in the chain pays a first run once these have run (the embedding, the
-head and sampler, attention at new lengths, the native GEMV's decode batches: all
-within 3 ms of their second run on that AVX-512 CPU), so the warm-up runs only these.
+Nothing else in the chain pays a first run once these have run: on that AVX-512 CPU
+(bf16, one thread, thread CPU time) the embedding, the head and sampler, attention at
+new lengths and the native GEMV's decode batches ran within a few ms of their second
+run, so the warm-up runs only these; about 2.1-2.4 s up to 1024 rows there, against
+0.9 s up to 512, with other work on the machine.
 """
 
 from __future__ import annotations
