@@ -26,7 +26,7 @@ from models.grammar import Grammars
 from models.loader import load
 from models.modelset import ModelSet, first_model, model_set
 from models.spec_config import SpecConfig
-from models.warmup import warm_rows
+from models.warmup import warm_limit, warm_rows
 from scheduler.api import SchedulerAPI
 from scheduler.config import SchedulerConfig
 from scheduler.factory import build_scheduler, cpu_threads, local_executors, parse_devices
@@ -242,7 +242,8 @@ def build_engine(config: GatewayConfig) -> Engine:
     cfg = scheduler_config(config.scheduler, _max_len(model, config),
                            config.model.lora_reserve_gib)
     # NOTE: the warm-up runs before profiling, which it would slow
-    warm = warm_rows(first_model(model), threads) if any(d.kind == "cpu" for d in devices) else None
+    warm = warm_rows(first_model(model), threads, warm_limit(cfg.max_batch_tokens)) \
+        if any(d.kind == "cpu" for d in devices) else None
     factory = local_executors(threads, config.scheduler.fault_rate, warm)
     sched = build_scheduler(model, devices, cfg, executor_factory=factory, threads=threads)
     host.watch(sched)

@@ -26,6 +26,13 @@ from collections.abc import Callable
 from functools import partial
 
 from executors.types import Priority
+from scheduler.policies.burst import (
+    MAX_BURST,
+    BurstJob,
+    Spread,
+    burst_schedule,
+    in_burst_order,
+)
 from scheduler.policies.common import (
     chunk_feeds,
     decode_plans,
@@ -93,6 +100,10 @@ class SlicePolicy:
             issue_plan(draft, Plan(prio, r.placement, [[prefill_feed(r, budget)]]))
         waiting = sorted(draft.waiting(prio),
                          key=lambda r: (r.ttft_deadline or float("inf"), r.arrival_s))
+        spreads = self._burst(draft, waiting, prio)
+        # NOTE: the others keep their places: one held for a device still comes before the
+        # later ones that might take that device
+        waiting = in_burst_order(waiting, list(spreads), lambda r: r.rid)
         held: set[str] = set()  # devices a request waits for (`step_first`)
         for i, r in enumerate(waiting):
             if not draft.is_waiting(r):
@@ -104,7 +115,8 @@ class SlicePolicy:
                 # ends (a round follows each end)
                 break
             placed = self._still_held(draft, r) or draft.attempt(
-                [r.rid], partial(self._place, draft, r, waiting[i + 1:], held))
+                [r.rid], partial(self._place, draft, r, waiting[i + 1:], held,
+                                 spreads.get(r.rid)))
             if isinstance(placed, str):
                 held.add(placed)  # NOTE: later requests whose best is elsewhere go on
                 self._held_next[r.rid] = (_in_flight(draft.view), placed)
@@ -124,14 +136,43 @@ class SlicePolicy:
             return None
         return memo[1]
 
+    def _burst(self, draft: Draft, waiting: list[RequestView], prio: Priority
+               ) -> dict[str, Spread]:
+        """The burst's order and spreads (`burst_schedule`), for waiting requests of `prio`
+        with deadlines while two devices or more have no prefill of the class: their prefill
+        seconds on one device and over two are predicted by simulation (each request
+        alone), on those devices. Empty (the deadline order, each at its best) for fewer
+        than two such requests."""
+        free = [d for d in draft.view.devices if not prefilling(draft, d, prio)]
+        if len(free) < 2:
+            return {}  # NOTE: one device free: the deadline order, packed as before
+        # NOTE: a request held for a device last round keeps its wait (`_still_held`)
+        burst = [r for r in waiting if r.ttft_deadline is not None
+                 and self._still_held(draft, r) is None][:MAX_BURST]
+        if len(burst) < 2:
+            return {}
+        now, jobs = draft.view.now, []
+        for r in burst:
+            one, two = self._best(draft, r, Spread.ONE), self._best(draft, r, Spread.SPLIT)
+            if one is None:
+                return {}  # NOTE: out of memory on every device alone: as before
+            assert r.ttft_deadline is not None
+            jobs.append(BurstJob(r.rid, r.ttft_deadline - now, max(0.0, one.score[1] - now),
+                                 None if two is None else max(0.0, two.score[1] - now)))
+        # NOTE: the list schedule starts on the devices with no prefill of the class (a
+        # device running one frees later than the burst's own prefills can tell)
+        return dict(burst_schedule(jobs, len(free)).order)
+
     def _place(self, draft: Draft, r: RequestView, later: list[RequestView],
-               held: set[str]) -> bool | str:
+               held: set[str], spread: Spread | None = None) -> bool | str:
         """Admit `r` and issue its best candidate, with `later` waiting requests of its class
         packed into its batch where that keeps deadlines (`_pack`); preempt lower classes for
         KV if needed. False when nothing fits; a device, when the best candidate waits for a
         decode step there (`step_first`) or uses a device in `held` (which one waits for:
-        `r` may join that plan next round)."""
-        best = self._best(draft, r)
+        `r` may join that plan next round). `spread`: the burst's choice for `r` (`_burst`),
+        its best candidate of that spread where one fits."""
+        best = (self._best(draft, r, spread) if spread is not None else None) or self._best(
+            draft, r)
         if best is None and any(preempt_for(draft, d, r) for d in draft.view.devices):
             best = self._best(draft, r)
         if best is None:
@@ -204,7 +245,8 @@ class SlicePolicy:
         feeds = [*plan.chunks[0], *(Feed(q, q.num_computed, 1) for q in riders)]
         return grown_plan(draft, Plan(plan.priority, placement, [feeds]), best, members) or plan
 
-    def _best(self, draft: Draft, r: RequestView) -> Scored | None:
+    def _best(self, draft: Draft, r: RequestView, spread: Spread | None = None
+              ) -> Scored | None:
         """The feasible candidate with the best (deadlines missed, cost) score: its own
         deadline, and those of requests placed before it that it alone would make miss
         (ops overlapping on devices that share a host slow each other down); the cost is
@@ -214,12 +256,15 @@ class SlicePolicy:
         NOTE: the lowest cost wins, split or not: a split pins the request's KV (and so its
         decode steps) to both devices, but an interactive request's first token is what its
         tenant waits for. Expected: the simulation's prediction scaled by how far plans of
-        its kind missed theirs lately (`expected`).
+        its kind missed theirs lately (`expected`). `spread`: only candidates on one device
+        (`Spread.ONE`) or over several (`Spread.SPLIT`).
         """
         best: Scored | None = None
         for ladder in self._candidates(draft, r):
             last: Scored | None = None
             for placement, chunks in ladder:
+                if spread is not None and (len(set(placement)) > 1) != (spread is Spread.SPLIT):
+                    break  # NOTE: a ladder keeps its placement
                 if not draft.can_admit(r, placement):
                     break
                 scored = score(draft, r, placement, chunks)
