@@ -11,6 +11,8 @@
  */
 #include "common.h"
 
+#define ID(v) (v)
+
 #define PF_ROWS 16
 #define BLOCK_N 16 /* outputs per block: a tile of 4 input rows runs over 16 weight rows */
 
@@ -203,12 +205,102 @@ static inline __attribute__((always_inline)) void tile_f32(
 }
 #endif
 
-/* The tile for the rows left (1..4), prefetching into L1 (PL 0), L2 (PL 1) or not (2). */
-#define TILES(TILE, PL)                                                                 \
+#if defined(__AVX512F__)
+/* out[i][J0 + j] = the sum of a[i][j]'s 16 lanes for i < MT, j < NJ, by `sum16`'s tree per 16
+ * accumulators (bit for bit `hsum`, as `tile_sums`). */
+static inline __attribute__((always_inline)) void wide_sums(f32x16 a[6][4], float out[6][4],
+                                                             const int MT, const int J0,
+                                                             const int NJ) {
+    f32x16 v[32];
+    const int n = MT * NJ;
+    for (int i = 0; i < MT; i++)
+        for (int j = 0; j < NJ; j++) v[i * NJ + j] = a[i][j];
+    for (int c = n; c < 32; c++) v[c] = (f32x16){0};
+    for (int c0 = 0; c0 < n; c0 += 16) {
+        f32x16 s = sum16(v + c0);
+        for (int i = 0; i < MT; i++)
+            for (int j = 0; j < NJ; j++)
+                if (i * NJ + j >= c0 && i * NJ + j < c0 + 16) out[i][J0 + j] = s[i * NJ + j - c0];
+    }
+}
+
+/* Weight rows J0 .. J0 + NJ - 1 of a wide tile against its MT (5..8) input rows: MT * NJ
+ * accumulators (at most 24), NJ weight vectors and one x vector in AVX512's 32 registers.
+ * Each output takes the 4 x 4 tile's steps (STEP elements at a time by MAC, lanes summed by
+ * one tree, then the tail in k order), so it is bit for bit what a one-row call gives. */
+#define WIDE_COLS(NAME, DT, STEP, VT, LDV, MAC, LD)                                     \
+    static inline __attribute__((always_inline)) void NAME(                            \
+            const DT *w, int64_t K, const DT *const xr[6], float out[6][4],            \
+            const int MT, const int J0, const int NJ, const int PL) {                  \
+        f32x16 a[6][4] = {{{0}}};                                                      \
+        int64_t k = 0;                                                                 \
+        for (; k + STEP <= K; k += STEP) {                                             \
+            VT wv[4];                                                                  \
+            for (int j = 0; j < NJ; j++) {                                             \
+                PREFETCH(w + (PF_ROWS + J0 + j) * K + k, PL);                          \
+                wv[j] = LDV(w + (J0 + j) * K + k);                                     \
+            }                                                                          \
+            for (int i = 0; i < MT; i++) {                                             \
+                VT xv = LDV(xr[i] + k);                                                \
+                for (int j = 0; j < NJ; j++) a[i][j] = MAC(a[i][j], wv[j], xv);        \
+            }                                                                          \
+        }                                                                              \
+        wide_sums(a, out, MT, J0, NJ);                                                 \
+        for (int i = 0; i < MT; i++)                                                   \
+            for (int j = J0; j < J0 + NJ; j++)                                         \
+                for (int64_t kk = k; kk < K; kk++)                                     \
+                    out[i][j] += LD(w[j * K + kk]) * LD(xr[i][kk]);                    \
+    }
+
+#define FMA16(a, w, x) ((a) + (w) * (x)) /* contracted to one FMA, as the 4 x 4 tile's */
+#define LD_BH(p) ((__m512bh)_mm512_loadu_si512(p))
+#define DP_BH(a, w, x) ((f32x16)_mm512_dpbf16_ps((__m512)(a), (w), (x)))
+#if defined(__AVX512BF16__)
+WIDE_COLS(cols_bf16, uint16_t, 32, __m512bh, LD_BH, DP_BH, bf16_to_f32)
+#else
+WIDE_COLS(cols_bf16, uint16_t, 16, f32x16, ld_bf16, FMA16, bf16_to_f32)
+#endif
+WIDE_COLS(cols_f32, float, 16, f32x16, ld_f32, FMA16, ID)
+
+/* A tile of 5-6 input rows: one pass over its 4 weight rows serves them all (24
+ * accumulators). NOTE: before, rows 5-6 ran a second tile of 1-2 rows over each block of 16
+ * weight rows, rereading its weight vectors from cache for little arithmetic. 7-8 rows stay
+ * two tiles of 4: a 6 x 4 tile and a 1-2 row tile over its weight rows (from L1), or an
+ * 8 x 2 tile taken twice, measured slower than the two tiles of 4 (8 rows on the default
+ * model's shapes, one AMD EPYC). */
+#define WIDE_TILE(NAME, COLS, TILE, DT)                                                 \
+    static inline __attribute__((always_inline)) void NAME(                            \
+            const DT *w, int64_t K, const DT *const xr[6], const float *xs,            \
+            float out[6][4], const int MT, const int PL) {                             \
+        (void)xs;                                                                      \
+        COLS(w, K, xr, out, MT, 0, 4, PL);                                             \
+    }
+#else
+/* Without AVX512 (16 registers) a tile of 5-6 rows is two tiles, of 4 and 1-2 rows, the
+ * second over the weight rows the first just brought into L1. */
+#define WIDE_TILE(NAME, COLS, TILE, DT)                                                 \
+    static inline __attribute__((always_inline)) void NAME(                            \
+            const DT *w, int64_t K, const DT *const xr[6], const float *xs,            \
+            float out[6][4], const int MT, const int PL) {                             \
+        TILE(w, K, xr, xs, out, 4, PL);                                                \
+        const DT *xt[4] = {xr[4], xr[5], xr[5], xr[5]};                                \
+        float o[4][4];                                                                 \
+        TILE(w, K, xt, xs ? xs + 4 * K : NULL, o, MT - 4, 2);                          \
+        memcpy(out[4], o, sizeof(float) * 4 * (MT - 4));                               \
+    }
+#endif
+WIDE_TILE(wide_bf16, cols_bf16, tile_bf16, uint16_t)
+WIDE_TILE(wide_f32, cols_f32, tile_f32, float)
+
+/* The tile for the rows left (1..6; 4 of 7 or more), prefetching into L1 (PL 0), L2 (PL 1)
+ * or not (2). */
+#define TILES(TILE, WIDE, PL)                                                           \
     switch (M - m0) {                                                                   \
     case 1: TILE(wt, K, xr, xsm, acc, 1, PL); break;                                    \
     case 2: TILE(wt, K, xr, xsm, acc, 2, PL); break;                                    \
     case 3: TILE(wt, K, xr, xsm, acc, 3, PL); break;                                    \
+    case 5: WIDE(wt, K, xr, xsm, acc, 5, PL); break;                                    \
+    case 6: WIDE(wt, K, xr, xsm, acc, 6, PL); break;                                    \
     default: TILE(wt, K, xr, xsm, acc, 4, PL); break;                                   \
     }
 
@@ -216,10 +308,10 @@ static inline __attribute__((always_inline)) void tile_f32(
 #define SPLIT_X 0
 #endif
 
-/* A tile's 4 rows of x in fp32 as tile_bf16's 8-lane pairs read them: per full 16-element
- * block, its 8 even elements, then its 8 odd ones. xs: [4, K]. */
-static void split_rows(const uint16_t *const xr[4], int64_t K, float *xs) {
-    for (int i = 0; i < 4; i++)
+/* A tile's 6 rows of x in fp32 as tile_bf16's 8-lane pairs read them: per full 16-element
+ * block, its 8 even elements, then its 8 odd ones. xs: [6, K]. */
+static void split_rows(const uint16_t *const xr[6], int64_t K, float *xs) {
+    for (int i = 0; i < 6; i++)
         for (int64_t k = 0; k + 16 <= K; k += 16)
             for (int e = 0; e < 8; e++) {
                 xs[i * K + k + e] = bf16_to_f32(xr[i][k + 2 * e]);
@@ -227,9 +319,12 @@ static void split_rows(const uint16_t *const xr[4], int64_t K, float *xs) {
             }
 }
 
-/* Input row m0 + i of x (the last row again past M: a tile always reads 4). */
+/* Input row m0 + i of x (the last row again past M: a tile has 6 pointers). */
 #define XROWS(xr, m0)                                                                   \
-    for (int i = 0; i < 4; i++) xr[i] = x + (m0 + i < M ? m0 + i : M - 1) * ldx;
+    for (int i = 0; i < 6; i++) xr[i] = x + (m0 + i < M ? m0 + i : M - 1) * ldx;
+
+/* The input rows of the tile from row m0: the 5-6 left in one tile, else 4 (or the 1-3 left). */
+#define ROW_STEP(m0) (M - (m0) == 5 || M - (m0) == 6 ? M - (m0) : 4)
 
 /* Row m's outputs n0 .. n0 + nw - 1 from their sums a: bias, epilogue, rounded once. A whole
  * block of 16 is done in vectors (SiLU's exp stays scalar expf): every row's block of these
@@ -268,29 +363,31 @@ static void split_rows(const uint16_t *const xr[4], int64_t K, float *xs) {
  * decoding's verify rows compute what one-row decode steps do). The epilogue of a block
  * runs in vectors: one scalar bf16 rounding per output cost as much as the arithmetic of
  * a tile's sums. */
-#define GEMV_BODY(DT, TILE, LD, ST, LDV, STV, SPLIT)                                    \
-    int64_t mt = (M + 3) / 4;                                                           \
-    float *xs = SPLIT ? malloc(sizeof(float) * 4 * K * mt) : NULL;                      \
+#define GEMV_BODY(DT, TILE, WIDE, LD, ST, LDV, STV, SPLIT)                              \
+    float *xs = SPLIT ? malloc(sizeof(float) * (M + 6) * K) : NULL;                     \
     if (SPLIT && !xs) return -2;                                                        \
-    for (int64_t m0 = 0; SPLIT && m0 < M; m0 += 4) {                                    \
-        const DT *xr[4];                                                                \
+    for (int64_t m0 = 0; SPLIT && m0 < M; m0 += ROW_STEP(m0)) {                         \
+        const DT *xr[6];                                                                \
         XROWS(xr, m0)                                                                   \
         split_rows((const uint16_t *const *)xr, K, xs + m0 * K);                        \
     }                                                                                   \
     for (int64_t n0 = 0; n0 < N; n0 += BLOCK_N) {                                       \
         int64_t nw = N - n0 < BLOCK_N ? N - n0 : BLOCK_N;                               \
-        for (int64_t m0 = 0; m0 < M; m0 += 4) {                                         \
-            const DT *xr[4];                                                            \
+        for (int64_t m0 = 0, rt; m0 < M; m0 += rt) {                                    \
+            rt = ROW_STEP(m0);                                                          \
+            const DT *xr[6];                                                            \
             XROWS(xr, m0)                                                               \
             const float *xsm = SPLIT ? xs + m0 * K : NULL;                              \
-            float blk[4][BLOCK_N];                                                      \
+            float blk[6][BLOCK_N];                                                      \
             for (int64_t n1 = 0; n1 < nw; n1 += 4) {                                    \
                 const DT *wt = w + (n0 + n1) * K;                                       \
-                float acc[4][4];                                                        \
+                float acc[6][4];                                                        \
                 if (n1 + 4 <= nw) {                                                     \
-                    if (m0) TILES(TILE, 2) else if (pf) TILES(TILE, 1) else TILES(TILE, 0) \
+                    if (m0) TILES(TILE, WIDE, 2)                                        \
+                    else if (pf) TILES(TILE, WIDE, 1)                                   \
+                    else TILES(TILE, WIDE, 0)                                           \
                 } else {                                                                \
-                    for (int i = 0; i < 4; i++)                                         \
+                    for (int i = 0; i < rt; i++)                                 \
                         for (int64_t j = 0; j < nw - n1; j++) {                         \
                             float s = 0.f;                                              \
                             for (int64_t k = 0; k < K; k++)                             \
@@ -298,10 +395,10 @@ static void split_rows(const uint16_t *const xr[4], int64_t K, float *xs) {
                             acc[i][j] = s;                                              \
                         }                                                               \
                 }                                                                       \
-                for (int i = 0; i < 4; i++)                                             \
+                for (int i = 0; i < rt; i++)                                     \
                     for (int64_t j = 0; j < 4 && n1 + j < nw; j++) blk[i][n1 + j] = acc[i][j]; \
             }                                                                           \
-            for (int64_t i = 0; i < 4 && m0 + i < M; i++) {                             \
+            for (int64_t i = 0; i < rt && m0 + i < M; i++) {                           \
                 int64_t m = m0 + i;                                                     \
                 const float *a = blk[i];                                                \
                 EPI_ROW(DT, LD, ST, LDV, STV)                                           \
@@ -311,16 +408,14 @@ static void split_rows(const uint16_t *const xr[4], int64_t K, float *xs) {
     free(xs);                                                                           \
     return 0;
 
-#define ID(v) (v)
-
 int gemv_bf16(const uint16_t *x, int64_t ldx, const uint16_t *w, const uint16_t *bias,
               uint16_t *y, int64_t ldy, const uint16_t *other, int64_t ldo,
               int64_t M, int64_t N, int64_t K, int epi, int pf) {
-    GEMV_BODY(uint16_t, tile_bf16, bf16_to_f32, f32_to_bf16, ld_bf16, st_bf16, SPLIT_X)
+    GEMV_BODY(uint16_t, tile_bf16, wide_bf16, bf16_to_f32, f32_to_bf16, ld_bf16, st_bf16, SPLIT_X)
 }
 
 int gemv_f32(const float *x, int64_t ldx, const float *w, const float *bias,
              float *y, int64_t ldy, const float *other, int64_t ldo,
              int64_t M, int64_t N, int64_t K, int epi, int pf) {
-    GEMV_BODY(float, tile_f32, ID, ID, ld_f32, st_f32, 0)
+    GEMV_BODY(float, tile_f32, wide_f32, ID, ID, ld_f32, st_f32, 0)
 }
