@@ -2,12 +2,12 @@
  *
  * y[m, n] = epi(sum_k x[m, k] * w[n, k] + bias[n]) for m < M, accumulated in fp32.
  * x: [M, K] with row stride ldx; w: [N, K] contiguous; y, other: [M, N] with row
- * strides ldy, ldo. Tiles of 4 weight rows x 4 input rows; weight rows are
- * prefetched PF_ROWS ahead (a single stream per tile is too little for the
- * hardware prefetcher to keep a core's memory bandwidth busy), into L1 (pf 0) or
- * into L2 (pf 1): which streams faster differs between CPUs (on one AMD EPYC, L2
- * read 1.7x faster), so it is measured (`models.probes`). bf16 results are
- * rounded once, to nearest even.
+ * strides ldy, ldo. Tiles of 4 weight rows x 4 input rows (5-6 where 5-6 rows are left,
+ * `WIDE_TILE`); weight rows are prefetched PF_ROWS ahead (a single stream per tile is
+ * too little for the hardware prefetcher to keep a core's memory bandwidth busy), into
+ * L1 (pf 0) or into L2 (pf 1): which streams faster differs between CPUs (on one AMD
+ * EPYC, L2 read 1.7x faster), so it is measured (`models.probes`). bf16 results are rounded
+ * once, to nearest even.
  */
 #include "common.h"
 
@@ -220,11 +220,12 @@ static inline __attribute__((always_inline)) void wide_sums(f32x16 a[6][4], floa
         f32x16 s = sum16(v + c0);
         for (int i = 0; i < MT; i++)
             for (int j = 0; j < NJ; j++)
-                if (i * NJ + j >= c0 && i * NJ + j < c0 + 16) out[i][J0 + j] = s[i * NJ + j - c0];
+                if (i * NJ + j >= c0 && i * NJ + j < c0 + 16)
+                    out[i][J0 + j] = s[i * NJ + j - c0];
     }
 }
 
-/* Weight rows J0 .. J0 + NJ - 1 of a wide tile against its MT (5..8) input rows: MT * NJ
+/* Weight rows J0 .. J0 + NJ - 1 of a wide tile against its MT (5-6) input rows: MT * NJ
  * accumulators (at most 24), NJ weight vectors and one x vector in AVX512's 32 registers.
  * Each output takes the 4 x 4 tile's steps (STEP elements at a time by MAC, lanes summed by
  * one tree, then the tail in k order), so it is bit for bit what a one-row call gives. */
@@ -264,10 +265,12 @@ WIDE_COLS(cols_f32, float, 16, f32x16, ld_f32, FMA16, ID)
 
 /* A tile of 5-6 input rows: one pass over its 4 weight rows serves them all (24
  * accumulators). NOTE: before, rows 5-6 ran a second tile of 1-2 rows over each block of 16
- * weight rows, rereading its weight vectors from cache for little arithmetic. 7-8 rows stay
- * two tiles of 4: a 6 x 4 tile and a 1-2 row tile over its weight rows (from L1), or an
- * 8 x 2 tile taken twice, measured slower than the two tiles of 4 (8 rows on the default
- * model's shapes, one AMD EPYC). */
+ * weight rows, rereading its weight vectors from cache for little arithmetic (a 6-row call
+ * over 200 MB of bf16 weights, prefetching into L2, 1.49x a one-row call, now 1.17x; fp32
+ * 2.88x, now 1.95x; one AMD EPYC, noisy). 7-8 rows stay two tiles of 4 over each block: a
+ * 6 x 4 tile with a 1-2 row tile over its weight rows, an 8 x 2 tile taken twice, or two
+ * 4 x 4 tiles per 4 weight rows were no faster or slower there, GCC spilling the loops'
+ * row pointers once the driver inlines more tile shapes. */
 #define WIDE_TILE(NAME, COLS, TILE, DT)                                                 \
     static inline __attribute__((always_inline)) void NAME(                            \
             const DT *w, int64_t K, const DT *const xr[6], const float *xs,            \
@@ -352,17 +355,17 @@ static void split_rows(const uint16_t *const xr[6], int64_t K, float *xs) {
         }                                                                               \
     }
 
-/* One generic driver: DT is the element type, TILE the tile kernel, LD / ST load and store
- * (LDV / STV: 16 at a time), SPLIT whether the tile reads x's rows split by `split_rows`.
- * NOTE: blocks of 16 weight rows are the outer loop, and every tile of 4 input rows runs
- * over a block before the next, so the weights stream from memory once whatever M (the
- * first row tile prefetches, the others read what it brought into cache; input rows
- * outermost read them once per 4 rows). Each output is one tile's dot product over K, in
- * the same order whatever M, its tile or its place in it, and its epilogue depends on its
- * column only: a row's result does not depend on the rows beside it (speculative
- * decoding's verify rows compute what one-row decode steps do). The epilogue of a block
- * runs in vectors: one scalar bf16 rounding per output cost as much as the arithmetic of
- * a tile's sums. */
+/* One generic driver: DT is the element type, TILE the tile kernel (WIDE: of 5-6 rows), LD /
+ * ST load and store (LDV / STV: 16 at a time), SPLIT whether the tiles read x's rows split by
+ * `split_rows`. NOTE: blocks of 16 weight rows are the outer loop, and every tile of input
+ * rows (4, or the 5-6 left: `ROW_STEP`) runs over a block before the next, so the weights
+ * stream from memory once whatever M (the first row tile prefetches, the others read what
+ * it brought into cache; input rows outermost read them once per 4 rows). Each output is
+ * one tile's dot product over K, in the same order whatever M, its tile, the tile's shape
+ * or its place in it, and its epilogue depends on its column only: a row's result does not
+ * depend on the rows beside it (speculative decoding's verify rows compute what one-row
+ * decode steps do). The epilogue of a block runs in vectors: one scalar bf16 rounding per
+ * output cost as much as the arithmetic of a tile's sums. */
 #define GEMV_BODY(DT, TILE, WIDE, LD, ST, LDV, STV, SPLIT)                              \
     float *xs = SPLIT ? malloc(sizeof(float) * (M + 6) * K) : NULL;                     \
     if (SPLIT && !xs) return -2;                                                        \
@@ -387,7 +390,7 @@ static void split_rows(const uint16_t *const xr[6], int64_t K, float *xs) {
                     else if (pf) TILES(TILE, WIDE, 1)                                   \
                     else TILES(TILE, WIDE, 0)                                           \
                 } else {                                                                \
-                    for (int i = 0; i < rt; i++)                                 \
+                    for (int i = 0; i < rt; i++)                                        \
                         for (int64_t j = 0; j < nw - n1; j++) {                         \
                             float s = 0.f;                                              \
                             for (int64_t k = 0; k < K; k++)                             \
@@ -395,10 +398,10 @@ static void split_rows(const uint16_t *const xr[6], int64_t K, float *xs) {
                             acc[i][j] = s;                                              \
                         }                                                               \
                 }                                                                       \
-                for (int i = 0; i < rt; i++)                                     \
+                for (int i = 0; i < rt; i++)                                            \
                     for (int64_t j = 0; j < 4 && n1 + j < nw; j++) blk[i][n1 + j] = acc[i][j]; \
             }                                                                           \
-            for (int64_t i = 0; i < rt && m0 + i < M; i++) {                           \
+            for (int64_t i = 0; i < rt && m0 + i < M; i++) {                            \
                 int64_t m = m0 + i;                                                     \
                 const float *a = blk[i];                                                \
                 EPI_ROW(DT, LD, ST, LDV, STV)                                           \
