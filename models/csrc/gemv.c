@@ -11,6 +11,11 @@
  */
 #include "common.h"
 
+/* NOTE: the tails of the dot products (past the last full vector of k) are explicit fmaf:
+ * left to contraction, GCC compiled one tile's tail as a vector multiply and in-order
+ * scalar adds (no FMA) in one inlined copy and as FMAs in another, so a row's result
+ * depended on its tile (seen on a -march=skylake-avx512 build). */
+
 #define ID(v) (v)
 
 #define PF_ROWS 16
@@ -57,7 +62,7 @@ static inline __attribute__((always_inline)) void tile_bf16(
     for (int i = 0; i < MT; i++)
         for (int j = 0; j < 4; j++)
             for (int64_t kk = k; kk < K; kk++)
-                out[i][j] += bf16_to_f32(w[j * K + kk]) * bf16_to_f32(xr[i][kk]);
+                out[i][j] = fmaf(bf16_to_f32(w[j * K + kk]), bf16_to_f32(xr[i][kk]), out[i][j]);
 }
 #elif !defined(__AVX512F__)
 #define SPLIT_X 1
@@ -104,7 +109,7 @@ static inline __attribute__((always_inline)) void pair_bf16(
         for (int j = 0; j < 4; j++) {
             float s = hsum8(a[i][j]);
             for (int64_t kk = k; kk < K; kk++)
-                s += bf16_to_f32(w[j * K + kk]) * bf16_to_f32(xr[i0 + i][kk]);
+                s = fmaf(bf16_to_f32(w[j * K + kk]), bf16_to_f32(xr[i0 + i][kk]), s);
             out[i0 + i][j] = s;
         }
 }
@@ -137,7 +142,7 @@ static inline __attribute__((always_inline)) void tile_bf16(
     for (int i = 0; i < MT; i++)
         for (int j = 0; j < 4; j++)
             for (int64_t kk = k; kk < K; kk++)
-                out[i][j] += bf16_to_f32(w[j * K + kk]) * bf16_to_f32(xr[i][kk]);
+                out[i][j] = fmaf(bf16_to_f32(w[j * K + kk]), bf16_to_f32(xr[i][kk]), out[i][j]);
 }
 #endif
 
@@ -168,7 +173,7 @@ static inline __attribute__((always_inline)) void pair_f32(
     for (int i = 0; i < NI; i++)
         for (int j = 0; j < 4; j++) {
             float s = hsum8(a[i][j]);
-            for (int64_t kk = k; kk < K; kk++) s += w[j * K + kk] * xr[i0 + i][kk];
+            for (int64_t kk = k; kk < K; kk++) s = fmaf(w[j * K + kk], xr[i0 + i][kk], s);
             out[i0 + i][j] = s;
         }
 }
@@ -201,7 +206,8 @@ static inline __attribute__((always_inline)) void tile_f32(
     tile_sums(a, out, MT);
     for (int i = 0; i < MT; i++)
         for (int j = 0; j < 4; j++)
-            for (int64_t kk = k; kk < K; kk++) out[i][j] += w[j * K + kk] * xr[i][kk];
+            for (int64_t kk = k; kk < K; kk++)
+                out[i][j] = fmaf(w[j * K + kk], xr[i][kk], out[i][j]);
 }
 #endif
 
@@ -250,7 +256,7 @@ static inline __attribute__((always_inline)) void wide_sums(f32x16 a[6][4], floa
         for (int i = 0; i < MT; i++)                                                   \
             for (int j = J0; j < J0 + NJ; j++)                                         \
                 for (int64_t kk = k; kk < K; kk++)                                     \
-                    out[i][j] += LD(w[j * K + kk]) * LD(xr[i][kk]);                    \
+                    out[i][j] = fmaf(LD(w[j * K + kk]), LD(xr[i][kk]), out[i][j]);     \
     }
 
 #define FMA16(a, w, x) ((a) + (w) * (x)) /* contracted to one FMA, as the 4 x 4 tile's */
