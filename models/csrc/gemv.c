@@ -214,7 +214,7 @@ static inline __attribute__((always_inline)) void tile_f32(
 #if defined(__AVX512F__)
 /* out[i][J0 + j] = the sum of a[i][j]'s 16 lanes for i < MT, j < NJ, by `sum16`'s tree per 16
  * accumulators (bit for bit `hsum`, as `tile_sums`). */
-static inline __attribute__((always_inline)) void wide_sums(f32x16 a[6][4], float out[6][4],
+static inline __attribute__((always_inline)) void wide_sums(f32x16 a[6][4], float out[8][4],
                                                              const int MT, const int J0,
                                                              const int NJ) {
     f32x16 v[32];
@@ -237,7 +237,7 @@ static inline __attribute__((always_inline)) void wide_sums(f32x16 a[6][4], floa
  * one tree, then the tail in k order), so it is bit for bit what a one-row call gives. */
 #define WIDE_COLS(NAME, DT, STEP, VT, LDV, MAC, LD)                                     \
     static inline __attribute__((always_inline)) void NAME(                            \
-            const DT *w, int64_t K, const DT *const xr[6], float out[6][4],            \
+            const DT *w, int64_t K, const DT *const xr[8], float out[8][4],            \
             const int MT, const int J0, const int NJ, const int PL) {                  \
         f32x16 a[6][4] = {{{0}}};                                                      \
         int64_t k = 0;                                                                 \
@@ -273,14 +273,11 @@ WIDE_COLS(cols_f32, float, 16, f32x16, ld_f32, FMA16, ID)
  * accumulators). NOTE: before, rows 5-6 ran a second tile of 1-2 rows over each block of 16
  * weight rows, rereading its weight vectors from cache for little arithmetic (a 6-row call
  * over 200 MB of bf16 weights, prefetching into L2, 1.49x a one-row call, now 1.17x; fp32
- * 2.88x, now 1.95x; one AMD EPYC, noisy). 7-8 rows stay two tiles of 4 over each block: a
- * 6 x 4 tile with a 1-2 row tile over its weight rows, an 8 x 2 tile taken twice, or two
- * 4 x 4 tiles per 4 weight rows were no faster or slower there, GCC spilling the loops'
- * row pointers once the driver inlines more tile shapes. */
+ * 2.88x, now 1.95x; one AMD EPYC, noisy). 7-8 rows: see EIGHT_FN. */
 #define WIDE_TILE(NAME, COLS, TILE, DT)                                                 \
     static inline __attribute__((always_inline)) void NAME(                            \
-            const DT *w, int64_t K, const DT *const xr[6], const float *xs,            \
-            float out[6][4], const int MT, const int PL) {                             \
+            const DT *w, int64_t K, const DT *const xr[8], const float *xs,            \
+            float out[8][4], const int MT, const int PL) {                             \
         (void)xs;                                                                      \
         COLS(w, K, xr, out, MT, 0, 4, PL);                                             \
     }
@@ -289,8 +286,8 @@ WIDE_COLS(cols_f32, float, 16, f32x16, ld_f32, FMA16, ID)
  * second over the weight rows the first just brought into L1. */
 #define WIDE_TILE(NAME, COLS, TILE, DT)                                                 \
     static inline __attribute__((always_inline)) void NAME(                            \
-            const DT *w, int64_t K, const DT *const xr[6], const float *xs,            \
-            float out[6][4], const int MT, const int PL) {                             \
+            const DT *w, int64_t K, const DT *const xr[8], const float *xs,            \
+            float out[8][4], const int MT, const int PL) {                             \
         TILE(w, K, xr, xs, out, 4, PL);                                                \
         const DT *xt[4] = {xr[4], xr[5], xr[5], xr[5]};                                \
         float o[4][4];                                                                 \
@@ -301,15 +298,45 @@ WIDE_COLS(cols_f32, float, 16, f32x16, ld_f32, FMA16, ID)
 WIDE_TILE(wide_bf16, cols_bf16, tile_bf16, uint16_t)
 WIDE_TILE(wide_f32, cols_f32, tile_f32, float)
 
-/* The tile for the rows left (1..6; 4 of 7 or more), prefetching into L1 (PL 0), L2 (PL 1)
- * or not (2). */
-#define TILES(TILE, WIDE, PL)                                                           \
-    switch (M - m0) {                                                                   \
+#define NO_EIGHT(...) ((void)0)
+#if defined(__AVX512F__)
+/* fp32 on AVX512: a tile of 7-8 input rows, a 6 x 4 tile and one of the 1-2 rows left over
+ * its weight rows (from L1). NOTE: a function apart (one per rows and prefetch level), so
+ * its loops get the general registers to themselves: inlined in the driver with the other
+ * shapes, GCC spilled their row pointers. 8 rows over 200 MB of fp32 weights (prefetching
+ * into L2) took ~1.8-2.0x a one-row call this way against ~2.9x as two tiles of 4 (one AMD
+ * EPYC, noisy). bf16 keeps two tiles of 4 over each block: there this shape, an 8 x 2 tile
+ * taken twice or two 4 x 4 tiles per 4 weight rows were no faster (~1.5x: one core's
+ * dpbf16 rate, ~2.9 a ns measured, bounds 8 rows' dot products near that). */
+#define EIGHT_FN(MT, PL)                                                                \
+    static __attribute__((noinline)) void eight_f32_##MT##_##PL(                       \
+            const float *w, int64_t K, const float *const xr[8], const float *xs,      \
+            float out[8][4]) {                                                         \
+        wide_f32(w, K, xr, xs, out, 6, PL);                                            \
+        const float *xt[4] = {xr[6], xr[7], xr[7], xr[7]};                             \
+        float o[4][4];                                                                 \
+        tile_f32(w, K, xt, xs, o, MT - 6, 2);                                          \
+        memcpy(out[6], o, sizeof(float) * 4 * (MT - 6));                               \
+    }
+EIGHT_FN(7, 0) EIGHT_FN(7, 1) EIGHT_FN(7, 2) EIGHT_FN(8, 0) EIGHT_FN(8, 1) EIGHT_FN(8, 2)
+#define EIGHT_F32(w, K, xr, xs, out, MT, PL) eight_f32_##MT##_##PL(w, K, xr, xs, out)
+#define MAXW_F32 8
+#else
+#define EIGHT_F32 NO_EIGHT
+#define MAXW_F32 6
+#endif
+
+/* The tile for the rt rows from m0 (the 1-3 left; 4; 5-6; 7-8 in fp32 on AVX512: EIGHT),
+ * prefetching into L1 (PL 0), L2 (PL 1) or not (2). */
+#define TILES(TILE, WIDE, EIGHT, PL)                                                    \
+    switch (M - m0 < rt ? M - m0 : rt) {                                                \
     case 1: TILE(wt, K, xr, xsm, acc, 1, PL); break;                                    \
     case 2: TILE(wt, K, xr, xsm, acc, 2, PL); break;                                    \
     case 3: TILE(wt, K, xr, xsm, acc, 3, PL); break;                                    \
     case 5: WIDE(wt, K, xr, xsm, acc, 5, PL); break;                                    \
     case 6: WIDE(wt, K, xr, xsm, acc, 6, PL); break;                                    \
+    case 7: EIGHT(wt, K, xr, xsm, acc, 7, PL); break;                                   \
+    case 8: EIGHT(wt, K, xr, xsm, acc, 8, PL); break;                                   \
     default: TILE(wt, K, xr, xsm, acc, 4, PL); break;                                   \
     }
 
@@ -319,8 +346,8 @@ WIDE_TILE(wide_f32, cols_f32, tile_f32, float)
 
 /* A tile's 6 rows of x in fp32 as tile_bf16's 8-lane pairs read them: per full 16-element
  * block, its 8 even elements, then its 8 odd ones. xs: [6, K]. */
-static void split_rows(const uint16_t *const xr[6], int64_t K, float *xs) {
-    for (int i = 0; i < 6; i++)
+static void split_rows(const uint16_t *const xr[8], int64_t K, float *xs) {
+    for (int i = 0; i < 8; i++)
         for (int64_t k = 0; k + 16 <= K; k += 16)
             for (int e = 0; e < 8; e++) {
                 xs[i * K + k + e] = bf16_to_f32(xr[i][k + 2 * e]);
@@ -330,10 +357,11 @@ static void split_rows(const uint16_t *const xr[6], int64_t K, float *xs) {
 
 /* Input row m0 + i of x (the last row again past M: a tile has 6 pointers). */
 #define XROWS(xr, m0)                                                                   \
-    for (int i = 0; i < 6; i++) xr[i] = x + (m0 + i < M ? m0 + i : M - 1) * ldx;
+    for (int i = 0; i < 8; i++) xr[i] = x + (m0 + i < M ? m0 + i : M - 1) * ldx;
 
-/* The input rows of the tile from row m0: the 5-6 left in one tile, else 4 (or the 1-3 left). */
-#define ROW_STEP(m0) (M - (m0) == 5 || M - (m0) == 6 ? M - (m0) : 4)
+/* The input rows of the tile from row m0: the 5..MAXW left in one tile, else 4 (or the 1-3
+ * left). */
+#define ROW_STEP(m0, MAXW) (M - (m0) >= 5 && M - (m0) <= MAXW ? M - (m0) : 4)
 
 /* Row m's outputs n0 .. n0 + nw - 1 from their sums a: bias, epilogue, rounded once. A whole
  * block of 16 is done in vectors (SiLU's exp stays scalar expf): every row's block of these
@@ -361,40 +389,41 @@ static void split_rows(const uint16_t *const xr[6], int64_t K, float *xs) {
         }                                                                               \
     }
 
-/* One generic driver: DT is the element type, TILE the tile kernel (WIDE: of 5-6 rows), LD /
- * ST load and store (LDV / STV: 16 at a time), SPLIT whether the tiles read x's rows split by
- * `split_rows`. NOTE: blocks of 16 weight rows are the outer loop, and every tile of input
- * rows (4, or the 5-6 left: `ROW_STEP`) runs over a block before the next, so the weights
- * stream from memory once whatever M (the first row tile prefetches, the others read what
- * it brought into cache; input rows outermost read them once per 4 rows). Each output is
- * one tile's dot product over K, in the same order whatever M, its tile, the tile's shape
- * or its place in it, and its epilogue depends on its column only: a row's result does not
- * depend on the rows beside it (speculative decoding's verify rows compute what one-row
- * decode steps do). The epilogue of a block runs in vectors: one scalar bf16 rounding per
- * output cost as much as the arithmetic of a tile's sums. */
-#define GEMV_BODY(DT, TILE, WIDE, LD, ST, LDV, STV, SPLIT)                              \
-    float *xs = SPLIT ? malloc(sizeof(float) * (M + 6) * K) : NULL;                     \
+/* One generic driver: DT is the element type, TILE the tile kernel (WIDE: of 5-6 rows, EIGHT:
+ * of 7-8 where MAXW is 8), LD / ST load and store (LDV / STV: 16 at a time), SPLIT whether
+ * the tiles read x's rows split by `split_rows`. NOTE: blocks of 16 weight rows are the
+ * outer loop, and every tile of input rows (4, or the 5..MAXW left: `ROW_STEP`) runs over a
+ * block before the next, so the weights stream from memory once whatever M (the first row
+ * tile prefetches, the others read what it brought into cache; input rows outermost read
+ * them once per 4 rows). Each output is one tile's dot product over K, in the same order
+ * whatever M, its tile, the tile's shape or its place in it, and its epilogue depends on
+ * its column only: a row's result does not depend on the rows beside it (speculative
+ * decoding's verify rows compute what one-row decode steps do). The epilogue of a block
+ * runs in vectors: one scalar bf16 rounding per output cost as much as the arithmetic of
+ * a tile's sums. */
+#define GEMV_BODY(DT, TILE, WIDE, EIGHT, MAXW, LD, ST, LDV, STV, SPLIT)                 \
+    float *xs = SPLIT ? malloc(sizeof(float) * (M + 8) * K) : NULL;                     \
     if (SPLIT && !xs) return -2;                                                        \
-    for (int64_t m0 = 0; SPLIT && m0 < M; m0 += ROW_STEP(m0)) {                         \
-        const DT *xr[6];                                                                \
+    for (int64_t m0 = 0; SPLIT && m0 < M; m0 += ROW_STEP(m0, MAXW)) {                   \
+        const DT *xr[8];                                                                \
         XROWS(xr, m0)                                                                   \
         split_rows((const uint16_t *const *)xr, K, xs + m0 * K);                        \
     }                                                                                   \
     for (int64_t n0 = 0; n0 < N; n0 += BLOCK_N) {                                       \
         int64_t nw = N - n0 < BLOCK_N ? N - n0 : BLOCK_N;                               \
         for (int64_t m0 = 0, rt; m0 < M; m0 += rt) {                                    \
-            rt = ROW_STEP(m0);                                                          \
-            const DT *xr[6];                                                            \
+            rt = ROW_STEP(m0, MAXW);                                                    \
+            const DT *xr[8];                                                            \
             XROWS(xr, m0)                                                               \
             const float *xsm = SPLIT ? xs + m0 * K : NULL;                              \
-            float blk[6][BLOCK_N];                                                      \
+            float blk[8][BLOCK_N];                                                      \
             for (int64_t n1 = 0; n1 < nw; n1 += 4) {                                    \
                 const DT *wt = w + (n0 + n1) * K;                                       \
-                float acc[6][4];                                                        \
+                float acc[8][4];                                                        \
                 if (n1 + 4 <= nw) {                                                     \
-                    if (m0) TILES(TILE, WIDE, 2)                                        \
-                    else if (pf) TILES(TILE, WIDE, 1)                                   \
-                    else TILES(TILE, WIDE, 0)                                           \
+                    if (m0) TILES(TILE, WIDE, EIGHT, 2)                                 \
+                    else if (pf) TILES(TILE, WIDE, EIGHT, 1)                            \
+                    else TILES(TILE, WIDE, EIGHT, 0)                                    \
                 } else {                                                                \
                     for (int i = 0; i < rt; i++)                                        \
                         for (int64_t j = 0; j < nw - n1; j++) {                         \
@@ -420,11 +449,12 @@ static void split_rows(const uint16_t *const xr[6], int64_t K, float *xs) {
 int gemv_bf16(const uint16_t *x, int64_t ldx, const uint16_t *w, const uint16_t *bias,
               uint16_t *y, int64_t ldy, const uint16_t *other, int64_t ldo,
               int64_t M, int64_t N, int64_t K, int epi, int pf) {
-    GEMV_BODY(uint16_t, tile_bf16, wide_bf16, bf16_to_f32, f32_to_bf16, ld_bf16, st_bf16, SPLIT_X)
+    GEMV_BODY(uint16_t, tile_bf16, wide_bf16, NO_EIGHT, 6, bf16_to_f32, f32_to_bf16, ld_bf16,
+              st_bf16, SPLIT_X)
 }
 
 int gemv_f32(const float *x, int64_t ldx, const float *w, const float *bias,
              float *y, int64_t ldy, const float *other, int64_t ldo,
              int64_t M, int64_t N, int64_t K, int epi, int pf) {
-    GEMV_BODY(float, tile_f32, wide_f32, ID, ID, ld_f32, st_f32, 0)
+    GEMV_BODY(float, tile_f32, wide_f32, EIGHT_F32, MAXW_F32, ID, ID, ld_f32, st_f32, 0)
 }
