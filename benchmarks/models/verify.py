@@ -22,7 +22,7 @@ from models.cpu import torch_threads
 from models.kv_cache import KVCache, blocks_for
 from models.loader import Model, load
 
-ROWS = (2, 4, 6, 8)
+ROWS = (2, 4, 5, 6, 8)  # 5-6: the GEMV's one-pass tile (models/csrc/gemv.c)
 CONTEXT = 300  # tokens before the step
 
 

@@ -2,14 +2,21 @@
  *
  * y[m, n] = epi(sum_k x[m, k] * w[n, k] + bias[n]) for m < M, accumulated in fp32.
  * x: [M, K] with row stride ldx; w: [N, K] contiguous; y, other: [M, N] with row
- * strides ldy, ldo. Tiles of 4 weight rows x 4 input rows; weight rows are
- * prefetched PF_ROWS ahead (a single stream per tile is too little for the
- * hardware prefetcher to keep a core's memory bandwidth busy), into L1 (pf 0) or
- * into L2 (pf 1): which streams faster differs between CPUs (on one AMD EPYC, L2
- * read 1.7x faster), so it is measured (`models.probes`). bf16 results are
- * rounded once, to nearest even.
+ * strides ldy, ldo. Tiles of 4 weight rows x 4 input rows (5-6 where 5-6 rows are left,
+ * `WIDE_TILE`); weight rows are prefetched PF_ROWS ahead (a single stream per tile is
+ * too little for the hardware prefetcher to keep a core's memory bandwidth busy), into
+ * L1 (pf 0) or into L2 (pf 1): which streams faster differs between CPUs (on one AMD
+ * EPYC, L2 read 1.7x faster), so it is measured (`models.probes`). bf16 results are rounded
+ * once, to nearest even.
  */
 #include "common.h"
+
+/* NOTE: the tails of the dot products (past the last full vector of k) are explicit fmaf:
+ * left to contraction, GCC compiled one tile's tail as a vector multiply and in-order
+ * scalar adds (no FMA) in one inlined copy and as FMAs in another, so a row's result
+ * depended on its tile (seen on a -march=skylake-avx512 build). */
+
+#define ID(v) (v)
 
 #define PF_ROWS 16
 #define BLOCK_N 16 /* outputs per block: a tile of 4 input rows runs over 16 weight rows */
@@ -55,7 +62,7 @@ static inline __attribute__((always_inline)) void tile_bf16(
     for (int i = 0; i < MT; i++)
         for (int j = 0; j < 4; j++)
             for (int64_t kk = k; kk < K; kk++)
-                out[i][j] += bf16_to_f32(w[j * K + kk]) * bf16_to_f32(xr[i][kk]);
+                out[i][j] = fmaf(bf16_to_f32(w[j * K + kk]), bf16_to_f32(xr[i][kk]), out[i][j]);
 }
 #elif !defined(__AVX512F__)
 #define SPLIT_X 1
@@ -102,7 +109,7 @@ static inline __attribute__((always_inline)) void pair_bf16(
         for (int j = 0; j < 4; j++) {
             float s = hsum8(a[i][j]);
             for (int64_t kk = k; kk < K; kk++)
-                s += bf16_to_f32(w[j * K + kk]) * bf16_to_f32(xr[i0 + i][kk]);
+                s = fmaf(bf16_to_f32(w[j * K + kk]), bf16_to_f32(xr[i0 + i][kk]), s);
             out[i0 + i][j] = s;
         }
 }
@@ -135,7 +142,7 @@ static inline __attribute__((always_inline)) void tile_bf16(
     for (int i = 0; i < MT; i++)
         for (int j = 0; j < 4; j++)
             for (int64_t kk = k; kk < K; kk++)
-                out[i][j] += bf16_to_f32(w[j * K + kk]) * bf16_to_f32(xr[i][kk]);
+                out[i][j] = fmaf(bf16_to_f32(w[j * K + kk]), bf16_to_f32(xr[i][kk]), out[i][j]);
 }
 #endif
 
@@ -166,7 +173,7 @@ static inline __attribute__((always_inline)) void pair_f32(
     for (int i = 0; i < NI; i++)
         for (int j = 0; j < 4; j++) {
             float s = hsum8(a[i][j]);
-            for (int64_t kk = k; kk < K; kk++) s += w[j * K + kk] * xr[i0 + i][kk];
+            for (int64_t kk = k; kk < K; kk++) s = fmaf(w[j * K + kk], xr[i0 + i][kk], s);
             out[i0 + i][j] = s;
         }
 }
@@ -199,16 +206,137 @@ static inline __attribute__((always_inline)) void tile_f32(
     tile_sums(a, out, MT);
     for (int i = 0; i < MT; i++)
         for (int j = 0; j < 4; j++)
-            for (int64_t kk = k; kk < K; kk++) out[i][j] += w[j * K + kk] * xr[i][kk];
+            for (int64_t kk = k; kk < K; kk++)
+                out[i][j] = fmaf(w[j * K + kk], xr[i][kk], out[i][j]);
 }
 #endif
 
-/* The tile for the rows left (1..4), prefetching into L1 (PL 0), L2 (PL 1) or not (2). */
-#define TILES(TILE, PL)                                                                 \
-    switch (M - m0) {                                                                   \
+#if defined(__AVX512F__)
+/* out[i][J0 + j] = the sum of a[i][j]'s 16 lanes for i < MT, j < NJ, by `sum16`'s tree per 16
+ * accumulators (bit for bit `hsum`, as `tile_sums`). */
+static inline __attribute__((always_inline)) void wide_sums(f32x16 a[6][4], float out[8][4],
+                                                             const int MT, const int J0,
+                                                             const int NJ) {
+    f32x16 v[32];
+    const int n = MT * NJ;
+    for (int i = 0; i < MT; i++)
+        for (int j = 0; j < NJ; j++) v[i * NJ + j] = a[i][j];
+    for (int c = n; c < 32; c++) v[c] = (f32x16){0};
+    for (int c0 = 0; c0 < n; c0 += 16) {
+        f32x16 s = sum16(v + c0);
+        for (int i = 0; i < MT; i++)
+            for (int j = 0; j < NJ; j++)
+                if (i * NJ + j >= c0 && i * NJ + j < c0 + 16)
+                    out[i][J0 + j] = s[i * NJ + j - c0];
+    }
+}
+
+/* Weight rows J0 .. J0 + NJ - 1 of a wide tile against its MT (5-6) input rows: MT * NJ
+ * accumulators (at most 24), NJ weight vectors and one x vector in AVX512's 32 registers.
+ * Each output takes the 4 x 4 tile's steps (STEP elements at a time by MAC, lanes summed by
+ * one tree, then the tail in k order), so it is bit for bit what a one-row call gives. */
+#define WIDE_COLS(NAME, DT, STEP, VT, LDV, MAC, LD)                                     \
+    static inline __attribute__((always_inline)) void NAME(                            \
+            const DT *w, int64_t K, const DT *const xr[8], float out[8][4],            \
+            const int MT, const int J0, const int NJ, const int PL) {                  \
+        f32x16 a[6][4] = {{{0}}};                                                      \
+        int64_t k = 0;                                                                 \
+        for (; k + STEP <= K; k += STEP) {                                             \
+            VT wv[4];                                                                  \
+            for (int j = 0; j < NJ; j++) {                                             \
+                PREFETCH(w + (PF_ROWS + J0 + j) * K + k, PL);                          \
+                wv[j] = LDV(w + (J0 + j) * K + k);                                     \
+            }                                                                          \
+            for (int i = 0; i < MT; i++) {                                             \
+                VT xv = LDV(xr[i] + k);                                                \
+                for (int j = 0; j < NJ; j++) a[i][j] = MAC(a[i][j], wv[j], xv);        \
+            }                                                                          \
+        }                                                                              \
+        wide_sums(a, out, MT, J0, NJ);                                                 \
+        for (int i = 0; i < MT; i++)                                                   \
+            for (int j = J0; j < J0 + NJ; j++)                                         \
+                for (int64_t kk = k; kk < K; kk++)                                     \
+                    out[i][j] = fmaf(LD(w[j * K + kk]), LD(xr[i][kk]), out[i][j]);     \
+    }
+
+#define FMA16(a, w, x) ((a) + (w) * (x)) /* contracted to one FMA, as the 4 x 4 tile's */
+#define LD_BH(p) ((__m512bh)_mm512_loadu_si512(p))
+#define DP_BH(a, w, x) ((f32x16)_mm512_dpbf16_ps((__m512)(a), (w), (x)))
+#if defined(__AVX512BF16__)
+WIDE_COLS(cols_bf16, uint16_t, 32, __m512bh, LD_BH, DP_BH, bf16_to_f32)
+#else
+WIDE_COLS(cols_bf16, uint16_t, 16, f32x16, ld_bf16, FMA16, bf16_to_f32)
+#endif
+WIDE_COLS(cols_f32, float, 16, f32x16, ld_f32, FMA16, ID)
+
+/* A tile of 5-6 input rows: one pass over its 4 weight rows serves them all (24
+ * accumulators). NOTE: before, rows 5-6 ran a second tile of 1-2 rows over each block of 16
+ * weight rows, rereading its weight vectors from cache for little arithmetic (a 6-row call
+ * over 200 MB of bf16 weights, prefetching into L2, 1.49x a one-row call, now 1.17x; fp32
+ * 2.88x, now 1.95x; one AMD EPYC, noisy). 7-8 rows: see EIGHT_FN. */
+#define WIDE_TILE(NAME, COLS, TILE, DT)                                                 \
+    static inline __attribute__((always_inline)) void NAME(                            \
+            const DT *w, int64_t K, const DT *const xr[8], const float *xs,            \
+            float out[8][4], const int MT, const int PL) {                             \
+        (void)xs;                                                                      \
+        COLS(w, K, xr, out, MT, 0, 4, PL);                                             \
+    }
+#else
+/* Without AVX512 (16 registers) a tile of 5-6 rows is two tiles, of 4 and 1-2 rows, the
+ * second over the weight rows the first just brought into L1. */
+#define WIDE_TILE(NAME, COLS, TILE, DT)                                                 \
+    static inline __attribute__((always_inline)) void NAME(                            \
+            const DT *w, int64_t K, const DT *const xr[8], const float *xs,            \
+            float out[8][4], const int MT, const int PL) {                             \
+        TILE(w, K, xr, xs, out, 4, PL);                                                \
+        const DT *xt[4] = {xr[4], xr[5], xr[5], xr[5]};                                \
+        float o[4][4];                                                                 \
+        TILE(w, K, xt, xs ? xs + 4 * K : NULL, o, MT - 4, 2);                          \
+        memcpy(out[4], o, sizeof(float) * 4 * (MT - 4));                               \
+    }
+#endif
+WIDE_TILE(wide_bf16, cols_bf16, tile_bf16, uint16_t)
+WIDE_TILE(wide_f32, cols_f32, tile_f32, float)
+
+#define NO_EIGHT(...) ((void)0)
+#if defined(__AVX512F__)
+/* fp32 on AVX512: a tile of 7-8 input rows, a 6 x 4 tile and one of the 1-2 rows left over
+ * its weight rows (from L1). NOTE: a function apart (one per rows and prefetch level), so
+ * its loops get the general registers to themselves: inlined in the driver with the other
+ * shapes, GCC spilled their row pointers. 8 rows over 200 MB of fp32 weights (prefetching
+ * into L2) took ~1.8-2.0x a one-row call this way against ~2.9x as two tiles of 4 (one AMD
+ * EPYC, noisy). bf16 keeps two tiles of 4 over each block: there this shape, an 8 x 2 tile
+ * taken twice or two 4 x 4 tiles per 4 weight rows were no faster (~1.5x: one core's
+ * dpbf16 rate, ~2.9 a ns measured, bounds 8 rows' dot products near that). */
+#define EIGHT_FN(MT, PL)                                                                \
+    static __attribute__((noinline)) void eight_f32_##MT##_##PL(                       \
+            const float *w, int64_t K, const float *const xr[8], const float *xs,      \
+            float out[8][4]) {                                                         \
+        wide_f32(w, K, xr, xs, out, 6, PL);                                            \
+        const float *xt[4] = {xr[6], xr[7], xr[7], xr[7]};                             \
+        float o[4][4];                                                                 \
+        tile_f32(w, K, xt, xs, o, MT - 6, 2);                                          \
+        memcpy(out[6], o, sizeof(float) * 4 * (MT - 6));                               \
+    }
+EIGHT_FN(7, 0) EIGHT_FN(7, 1) EIGHT_FN(7, 2) EIGHT_FN(8, 0) EIGHT_FN(8, 1) EIGHT_FN(8, 2)
+#define EIGHT_F32(w, K, xr, xs, out, MT, PL) eight_f32_##MT##_##PL(w, K, xr, xs, out)
+#define MAXW_F32 8
+#else
+#define EIGHT_F32 NO_EIGHT
+#define MAXW_F32 6
+#endif
+
+/* The tile for the rt rows from m0 (the 1-3 left; 4; 5-6; 7-8 in fp32 on AVX512: EIGHT),
+ * prefetching into L1 (PL 0), L2 (PL 1) or not (2). */
+#define TILES(TILE, WIDE, EIGHT, PL)                                                    \
+    switch (M - m0 < rt ? M - m0 : rt) {                                                \
     case 1: TILE(wt, K, xr, xsm, acc, 1, PL); break;                                    \
     case 2: TILE(wt, K, xr, xsm, acc, 2, PL); break;                                    \
     case 3: TILE(wt, K, xr, xsm, acc, 3, PL); break;                                    \
+    case 5: WIDE(wt, K, xr, xsm, acc, 5, PL); break;                                    \
+    case 6: WIDE(wt, K, xr, xsm, acc, 6, PL); break;                                    \
+    case 7: EIGHT(wt, K, xr, xsm, acc, 7, PL); break;                                   \
+    case 8: EIGHT(wt, K, xr, xsm, acc, 8, PL); break;                                   \
     default: TILE(wt, K, xr, xsm, acc, 4, PL); break;                                   \
     }
 
@@ -216,10 +344,10 @@ static inline __attribute__((always_inline)) void tile_f32(
 #define SPLIT_X 0
 #endif
 
-/* A tile's 4 rows of x in fp32 as tile_bf16's 8-lane pairs read them: per full 16-element
- * block, its 8 even elements, then its 8 odd ones. xs: [4, K]. */
-static void split_rows(const uint16_t *const xr[4], int64_t K, float *xs) {
-    for (int i = 0; i < 4; i++)
+/* A tile's 6 rows of x in fp32 as tile_bf16's 8-lane pairs read them: per full 16-element
+ * block, its 8 even elements, then its 8 odd ones. xs: [6, K]. */
+static void split_rows(const uint16_t *const xr[8], int64_t K, float *xs) {
+    for (int i = 0; i < 8; i++)
         for (int64_t k = 0; k + 16 <= K; k += 16)
             for (int e = 0; e < 8; e++) {
                 xs[i * K + k + e] = bf16_to_f32(xr[i][k + 2 * e]);
@@ -227,9 +355,13 @@ static void split_rows(const uint16_t *const xr[4], int64_t K, float *xs) {
             }
 }
 
-/* Input row m0 + i of x (the last row again past M: a tile always reads 4). */
+/* Input row m0 + i of x (the last row again past M: a tile has 6 pointers). */
 #define XROWS(xr, m0)                                                                   \
-    for (int i = 0; i < 4; i++) xr[i] = x + (m0 + i < M ? m0 + i : M - 1) * ldx;
+    for (int i = 0; i < 8; i++) xr[i] = x + (m0 + i < M ? m0 + i : M - 1) * ldx;
+
+/* The input rows of the tile from row m0: the 5..MAXW left in one tile, else 4 (or the 1-3
+ * left). */
+#define ROW_STEP(m0, MAXW) (M - (m0) >= 5 && M - (m0) <= MAXW ? M - (m0) : 4)
 
 /* Row m's outputs n0 .. n0 + nw - 1 from their sums a: bias, epilogue, rounded once. A whole
  * block of 16 is done in vectors (SiLU's exp stays scalar expf): every row's block of these
@@ -257,40 +389,43 @@ static void split_rows(const uint16_t *const xr[4], int64_t K, float *xs) {
         }                                                                               \
     }
 
-/* One generic driver: DT is the element type, TILE the tile kernel, LD / ST load and store
- * (LDV / STV: 16 at a time), SPLIT whether the tile reads x's rows split by `split_rows`.
- * NOTE: blocks of 16 weight rows are the outer loop, and every tile of 4 input rows runs
- * over a block before the next, so the weights stream from memory once whatever M (the
- * first row tile prefetches, the others read what it brought into cache; input rows
- * outermost read them once per 4 rows). Each output is one tile's dot product over K, in
- * the same order whatever M, its tile or its place in it, and its epilogue depends on its
- * column only: a row's result does not depend on the rows beside it (speculative
+/* One generic driver: DT is the element type, TILE the tile kernel (WIDE: of 5-6 rows, EIGHT:
+ * of 7-8 where MAXW is 8), LD / ST load and store (LDV / STV: 16 at a time), SPLIT whether
+ * the tiles read x's rows split by `split_rows`. NOTE: blocks of 16 weight rows are the
+ * outer loop, and every tile of input rows (4, or the 5..MAXW left: `ROW_STEP`) runs over a
+ * block before the next, so the weights stream from memory once whatever M (the first row
+ * tile prefetches, the others read what it brought into cache; input rows outermost read
+ * them once per 4 rows). Each output is one tile's dot product over K, in the same order
+ * whatever M, its tile, the tile's shape or its place in it, and its epilogue depends on
+ * its column only: a row's result does not depend on the rows beside it (speculative
  * decoding's verify rows compute what one-row decode steps do). The epilogue of a block
  * runs in vectors: one scalar bf16 rounding per output cost as much as the arithmetic of
  * a tile's sums. */
-#define GEMV_BODY(DT, TILE, LD, ST, LDV, STV, SPLIT)                                    \
-    int64_t mt = (M + 3) / 4;                                                           \
-    float *xs = SPLIT ? malloc(sizeof(float) * 4 * K * mt) : NULL;                      \
+#define GEMV_BODY(DT, TILE, WIDE, EIGHT, MAXW, LD, ST, LDV, STV, SPLIT)                 \
+    float *xs = SPLIT ? malloc(sizeof(float) * (M + 8) * K) : NULL;                     \
     if (SPLIT && !xs) return -2;                                                        \
-    for (int64_t m0 = 0; SPLIT && m0 < M; m0 += 4) {                                    \
-        const DT *xr[4];                                                                \
+    for (int64_t m0 = 0; SPLIT && m0 < M; m0 += ROW_STEP(m0, MAXW)) {                   \
+        const DT *xr[8];                                                                \
         XROWS(xr, m0)                                                                   \
         split_rows((const uint16_t *const *)xr, K, xs + m0 * K);                        \
     }                                                                                   \
     for (int64_t n0 = 0; n0 < N; n0 += BLOCK_N) {                                       \
         int64_t nw = N - n0 < BLOCK_N ? N - n0 : BLOCK_N;                               \
-        for (int64_t m0 = 0; m0 < M; m0 += 4) {                                         \
-            const DT *xr[4];                                                            \
+        for (int64_t m0 = 0, rt; m0 < M; m0 += rt) {                                    \
+            rt = ROW_STEP(m0, MAXW);                                                    \
+            const DT *xr[8];                                                            \
             XROWS(xr, m0)                                                               \
             const float *xsm = SPLIT ? xs + m0 * K : NULL;                              \
-            float blk[4][BLOCK_N];                                                      \
+            float blk[8][BLOCK_N];                                                      \
             for (int64_t n1 = 0; n1 < nw; n1 += 4) {                                    \
                 const DT *wt = w + (n0 + n1) * K;                                       \
-                float acc[4][4];                                                        \
+                float acc[8][4];                                                        \
                 if (n1 + 4 <= nw) {                                                     \
-                    if (m0) TILES(TILE, 2) else if (pf) TILES(TILE, 1) else TILES(TILE, 0) \
+                    if (m0) TILES(TILE, WIDE, EIGHT, 2)                                 \
+                    else if (pf) TILES(TILE, WIDE, EIGHT, 1)                            \
+                    else TILES(TILE, WIDE, EIGHT, 0)                                    \
                 } else {                                                                \
-                    for (int i = 0; i < 4; i++)                                         \
+                    for (int i = 0; i < rt; i++)                                        \
                         for (int64_t j = 0; j < nw - n1; j++) {                         \
                             float s = 0.f;                                              \
                             for (int64_t k = 0; k < K; k++)                             \
@@ -298,10 +433,10 @@ static void split_rows(const uint16_t *const xr[4], int64_t K, float *xs) {
                             acc[i][j] = s;                                              \
                         }                                                               \
                 }                                                                       \
-                for (int i = 0; i < 4; i++)                                             \
+                for (int i = 0; i < rt; i++)                                            \
                     for (int64_t j = 0; j < 4 && n1 + j < nw; j++) blk[i][n1 + j] = acc[i][j]; \
             }                                                                           \
-            for (int64_t i = 0; i < 4 && m0 + i < M; i++) {                             \
+            for (int64_t i = 0; i < rt && m0 + i < M; i++) {                            \
                 int64_t m = m0 + i;                                                     \
                 const float *a = blk[i];                                                \
                 EPI_ROW(DT, LD, ST, LDV, STV)                                           \
@@ -311,16 +446,15 @@ static void split_rows(const uint16_t *const xr[4], int64_t K, float *xs) {
     free(xs);                                                                           \
     return 0;
 
-#define ID(v) (v)
-
 int gemv_bf16(const uint16_t *x, int64_t ldx, const uint16_t *w, const uint16_t *bias,
               uint16_t *y, int64_t ldy, const uint16_t *other, int64_t ldo,
               int64_t M, int64_t N, int64_t K, int epi, int pf) {
-    GEMV_BODY(uint16_t, tile_bf16, bf16_to_f32, f32_to_bf16, ld_bf16, st_bf16, SPLIT_X)
+    GEMV_BODY(uint16_t, tile_bf16, wide_bf16, NO_EIGHT, 6, bf16_to_f32, f32_to_bf16, ld_bf16,
+              st_bf16, SPLIT_X)
 }
 
 int gemv_f32(const float *x, int64_t ldx, const float *w, const float *bias,
              float *y, int64_t ldy, const float *other, int64_t ldo,
              int64_t M, int64_t N, int64_t K, int epi, int pf) {
-    GEMV_BODY(float, tile_f32, ID, ID, ld_f32, st_f32, 0)
+    GEMV_BODY(float, tile_f32, wide_f32, EIGHT_F32, MAXW_F32, ID, ID, ld_f32, st_f32, 0)
 }

@@ -50,7 +50,7 @@ def _hf_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 @needs_native
 @pytest.mark.parametrize("dtype,tol", DTYPES)
 @pytest.mark.parametrize("epilogue", ["none", "silu", "mul", "add"])
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 9])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 6, 9])
 @pytest.mark.parametrize("prefetch", ["l1", "l2"])
 def test_gemv_equals_linear(dtype: torch.dtype, tol: float, epilogue: str, rows: int,
                             prefetch: str) -> None:
@@ -65,6 +65,23 @@ def test_gemv_equals_linear(dtype: torch.dtype, tol: float, epilogue: str, rows:
     got = native.linear(x.to(dtype), w.to(dtype), b.to(dtype), epilogue,
                         None if epilogue in ("none", "silu") else other.to(dtype), prefetch)
     torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol)
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [4, 5, 6, 7, 8, 11, 17])
+def test_each_gemv_row_is_what_it_gives_alone(dtype: torch.dtype, rows: int) -> None:
+    # tiles of 4, 5-6 (one pass over the weights) and their mix; K has a tail past 32
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 200, generator=g).to(dtype)  # [M, K]
+    w = (torch.randn(43, 200, generator=g) / 8).to(dtype)  # [N, K]
+    b = torch.randn(43, generator=g).to(dtype)
+    other = torch.randn(rows, 43, generator=g).to(dtype)  # [M, N]
+    for epilogue in ("silu", "add"):
+        o = other if epilogue == "add" else None
+        alone = torch.cat([native.linear(x[i:i + 1], w, b, epilogue,
+                                         None if o is None else o[i:i + 1]) for i in range(rows)])
+        assert torch.equal(native.linear(x, w, b, epilogue, o), alone)
 
 
 @needs_native
