@@ -7,6 +7,7 @@ the official-client and disconnect tests.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import threading
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import orjson
 from transformers import PreTrainedTokenizerBase
 
@@ -77,6 +79,26 @@ def tiny_server_args(folder: Path, *flags: str, ide: dict[str, Any] | None = Non
     device), `flags`, and the tenants of `tenants_yaml(ide, nightly)` written to `folder`."""
     return ["--model", "tiny-random", "--dtype", "float32", "--device-memory-gib", "0.25",
             *flags, "--tenants", write_tenants(folder, ide, nightly), "--log-level", "warning"]
+
+
+async def stream_beside_batch(url: str, **batch: Any) -> list[Any]:
+    """Against a `tiny_server_args` server at `url`: four `nightly` completions of `batch`
+    (the model, prompt and sampling fields) in flight while `ide` streams a 12-token chat
+    answer, checked whole (usage of 12 tokens); the four completions."""
+    ide = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="sk-ide-1", max_retries=0)
+    nightly = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="sk-nightly-1", max_retries=0)
+    try:
+        tasks = [asyncio.create_task(nightly.completions.create(**batch)) for _ in range(4)]
+        stream = await ide.chat.completions.create(
+            model="tiny-random", messages=[{"role": "user", "content": "hi"}], max_tokens=12,
+            stream=True, stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True})
+        chunks = [c async for c in stream]
+        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
+        return list(await asyncio.gather(*tasks))
+    finally:
+        await ide.close()
+        await nightly.close()
 
 
 def make_config(tenants: TenantsConfig | None = None, **server: Any) -> GatewayConfig:

@@ -9,7 +9,6 @@ chunks may run at different granularities.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from tests.gateway.harness import ADMIN, tiny_server_args
+from tests.gateway.harness import ADMIN, stream_beside_batch, tiny_server_args
 from tests.serve import GatewayProcess
 
 PROMPT = "lorem ipsum " * 60
@@ -40,22 +39,12 @@ def server(tmp_path: Path) -> Iterator[GatewayProcess]:
 @pytest.mark.asyncio(loop_scope="session")
 async def test_both_classes_served_and_the_answer_does_not_depend_on_the_chain(
         server: GatewayProcess) -> None:
-    ide = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="sk-ide-1", max_retries=0)
-    nightly = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="sk-nightly-1",
-                                 max_retries=0)
     kw = {"model": "tiny-random", "max_tokens": 16, "temperature": 0,
           "extra_body": {"ignore_eos": True}}
-    batch = [asyncio.create_task(nightly.completions.create(prompt=PROMPT, **kw))  # type: ignore[call-overload]
-             for _ in range(4)]
-    stream = await ide.chat.completions.create(
-        model="tiny-random", messages=[{"role": "user", "content": "hi"}], max_tokens=12,
-        stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
-    chunks = [c async for c in stream]
-    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
-    done = await asyncio.gather(*batch)
+    done = await stream_beside_batch(server.url, prompt=PROMPT, **kw)
+    ide = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="sk-ide-1", max_retries=0)
     alone = await ide.completions.create(prompt=PROMPT, **kw)  # type: ignore[call-overload]
     await ide.close()
-    await nightly.close()
     assert {d.choices[0].text for d in done} == {alone.choices[0].text}
     assert alone.usage is not None and alone.usage.prompt_tokens > 64  # chunked
     timeline = httpx.get(f"{server.url}/admin/timeline", headers=ADMIN, timeout=10).json()

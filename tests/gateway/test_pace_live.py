@@ -13,14 +13,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import openai
 import pytest
 
-from tests.gateway.harness import ADMIN, tiny_server_args
+from tests.gateway.harness import ADMIN, stream_beside_batch, tiny_server_args
 from tests.serve import GatewayProcess
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
-
 
 
 @pytest.fixture
@@ -35,21 +33,10 @@ def server(tmp_path: Path) -> Iterator[GatewayProcess]:
 
 
 async def test_a_paced_stream_beside_batch_work(server: GatewayProcess) -> None:
-    ide = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="sk-ide-1", max_retries=0)
-    nightly = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="sk-nightly-1",
-                                 max_retries=0)
-    batch = [asyncio.create_task(nightly.completions.create(
-        model="tiny-random", prompt="lorem ipsum " * 60, max_tokens=24, temperature=0,
-        extra_body={"ignore_eos": True})) for _ in range(4)]
-    stream = await ide.chat.completions.create(
-        model="tiny-random", messages=[{"role": "user", "content": "hi"}], max_tokens=12,
-        stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
-    chunks = [c async for c in stream]
-    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
-    done = await asyncio.gather(*batch)
+    done = await stream_beside_batch(server.url, model="tiny-random", prompt="lorem ipsum " * 60,
+                                     max_tokens=24, temperature=0,
+                                     extra_body={"ignore_eos": True})
     assert all(d.usage is not None and d.usage.completion_tokens == 24 for d in done)
-    await ide.close()
-    await nightly.close()
     metrics = ""
     for _ in range(50):  # NOTE: a request is counted when its job ends, just after its stream
         metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
