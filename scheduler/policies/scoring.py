@@ -20,6 +20,12 @@ from scheduler.sim.types import Prediction
 class Scored:
     plan: Plan
     score: tuple[int, float]  # (deadlines missed, expected first token + `decode_delay`)
+    first: float  # the expected first token
+
+    @property
+    def reach(self) -> tuple[int, float]:
+        """(deadlines missed, expected first token): what more chunks of a pipeline buy."""
+        return self.score[0], self.first
 
 
 def score(draft: Draft, r: RequestView, placement: Placement, chunks: list[list[Feed]]
@@ -36,7 +42,7 @@ def score(draft: Draft, r: RequestView, placement: Placement, chunks: list[list[
     deadline = r.ttft_deadline
     missed = (deadline is not None and first > deadline) + harmed(draft, pred)
     plan.predicted_first_token_s = raw
-    return Scored(plan, (missed, first + decode_delay(draft, plan, pred)))
+    return Scored(plan, (missed, first + decode_delay(draft, plan, pred)), first)
 
 
 def rest_s(plan: Plan, r: RequestView) -> float:
