@@ -42,7 +42,7 @@ _OVERRIDES = {
     "cpu_threads": "scheduler.cpu_threads",
     "policy": "scheduler.policy", "kv_cache_gib": "scheduler.kv_cache_gib",
     "swap_space_gib": "scheduler.swap_space_gib", "kv_admission": "scheduler.kv_admission",
-    "prefix_cache": "scheduler.prefix_cache",
+    "prefix_cache": "scheduler.prefix_cache", "reprofile": "scheduler.reprofile",
     "max_queued_requests": "scheduler.max_queued_requests",
     "max_queued_tokens": "scheduler.max_queued_tokens",
     "max_low_wait_s": "scheduler.max_low_wait_s", "fault_rate": "scheduler.fault_rate",
@@ -125,6 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--prefix-cache", action=argparse.BooleanOptionalAction, default=None,
                    help="share the cached KV blocks of equal prompt prefixes between requests "
                         "(default on; --no-prefix-cache computes every prompt in full)")
+    s.add_argument("--reprofile", action=argparse.BooleanOptionalAction, default=None,
+                   help="time a device kind's ops again in the background when they drift "
+                        "from their profile (default on; --no-reprofile: the online refit "
+                        "alone follows the drift)")
     s.add_argument("--max-queued-requests", metavar="N|high=N,normal=N,low=N,total=N",
                    help="waiting requests per class and in all (beyond: shed, 503)")
     s.add_argument("--max-queued-tokens", metavar="N|high=N,normal=N,low=N,total=N",

@@ -163,6 +163,7 @@ class SchedulerSettings:
     swap_space_gib: float = 4.0  # host memory for preempted requests' KV (0: recompute)
     kv_admission: str = "on-demand"  # or "full": reserve prompt + max_tokens at admission
     prefix_cache: bool = True  # share cached KV blocks of equal prompt prefixes
+    reprofile: bool = True  # time drifted ops again in the background (scheduler/cost/reprofile)
     # waiting-queue bounds (scheduler/core/admission.py): N (each class and the total) or
     # "high=N,normal=N,low=N,total=N" (any of them); None = the scheduler's defaults
     max_queued_requests: Any = None
@@ -210,6 +211,7 @@ class SchedulerSettings:
         _require(self.kv_admission in KV_ADMISSIONS, "scheduler.kv_admission",
                  f"one of {', '.join(KV_ADMISSIONS)}")
         _require(isinstance(self.prefix_cache, bool), "scheduler.prefix_cache", "true or false")
+        _require(isinstance(self.reprofile, bool), "scheduler.reprofile", "true or false")
         _require(self.provisioning in PROVISIONING, "scheduler.provisioning",
                  f"one of {', '.join(PROVISIONING)}")
         _require(isinstance(self.provision_interval_s, int | float)

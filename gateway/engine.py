@@ -184,7 +184,8 @@ def scheduler_config(s: SchedulerSettings, max_model_len: int,
     cfg = SchedulerConfig(policy=s.policy, max_model_len=max_model_len, kv_cache_bytes=kv,
                           swap_space_bytes=int(s.swap_space_gib * 2**30),
                           kv_admission=s.kv_admission, max_low_wait_s=s.max_low_wait_s,
-                          prefix_caching=s.prefix_cache, provisioning=s.provisioning,
+                          prefix_caching=s.prefix_cache, reprofile=s.reprofile,
+                          provisioning=s.provisioning,
                           provision_interval_s=s.provision_interval_s,
                           lora_reserve_bytes=int(lora_reserve_gib * 2**30))
     if s.max_batch_tokens is not None:

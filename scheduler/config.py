@@ -64,6 +64,9 @@ class SchedulerConfig:
     # full KV blocks stay cached by a hash of their prefix and are shared between requests
     # (vLLM's automatic prefix caching); False: every prompt is computed in full
     prefix_caching: bool = True
+    # a device kind whose ops drift from their profile is timed again in the background
+    # (scheduler/cost/reprofile.py); False: the online refit alone follows the drift
+    reprofile: bool = True
     max_op_attempts: int = 2  # an op that fails is retried once, then its requests fail
     # NOTE: rounds that raise outside any request's decision are retried with a backoff;
     # after this many in a row, the requests not in flight end with a server error.

@@ -107,7 +107,7 @@ def build_scheduler(model: Model, devices: list[Device], cfg: SchedulerConfig,
                                   idle=lambda: not gmg.scheduled, threads=threads,
                                   on_device=sched.exec.on_device,
                                   load=lambda: interactive_load(sched), chains=chains)
-    est.on_drift = sched.profiler.request_kind
+    est.on_drift = sched.profiler.request_kind if cfg.reprofile else None
     return sched
 
 

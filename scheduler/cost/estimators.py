@@ -208,8 +208,9 @@ class Estimators:
         ape = est.observe(op_features(shape, self.native_rows), seconds, learn=not self.frozen,
                           at=at)
         if self.drift.check(est, kind, at):
-            logger.warning("%s drifted to %.2fx its profiled time: re-profiling %s", est.name,
-                           est.level, kind)
+            logger.warning("%s drifted to %.2fx its profiled time: %s", est.name, est.level,
+                           f"re-profiling {kind}" if self.on_drift is not None else
+                           "re-profiling is off, the online refit follows it")
             if self.on_drift is not None:
                 self.on_drift(kind)
         return ape

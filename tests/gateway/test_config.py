@@ -47,6 +47,16 @@ async def test_prefix_cache_flag() -> None:
         load_config(None, {"scheduler.prefix_cache": "no"})
 
 
+async def test_reprofile_flag() -> None:
+    on = config_from_args(build_parser().parse_args(["serve"]))
+    off = config_from_args(build_parser().parse_args(["serve", "--no-reprofile"]))
+    assert on.scheduler.reprofile and not off.scheduler.reprofile
+    assert scheduler_config(on.scheduler, 512).reprofile
+    assert not scheduler_config(off.scheduler, 512).reprofile
+    with pytest.raises(ConfigError, match="scheduler.reprofile"):
+        load_config(None, {"scheduler.reprofile": "off"})
+
+
 async def test_yaml_file_then_cli_overrides(tmp_path: Path) -> None:
     tenants = tmp_path / "tenants.yaml"
     tenants.write_text(TENANTS_YAML)

@@ -48,3 +48,18 @@ def test_the_simulators_c_loop_is_built_before_the_first_round(
     monkeypatch.setattr(simloop, "library", lambda: built.append(True))
     build_scheduler(model, parse_devices("cpu:0", 0.25), SchedulerConfig(policy="slice"), est)
     assert built  # NOTE: a fresh cache's build (~0.4 s) would otherwise stall that round
+
+
+def test_drift_re_profiles_a_kind_unless_turned_off(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    model = load(tiny_model_dir, dtype="float32")
+    sweep = Sweep(prefill_tokens=(4, 64), chunks=((32, 64),), decode_batches=(1,),
+                  decode_contexts=(8,), transfer_tokens=(1, 8), repeats=1)
+    devices = parse_devices("cpu:0", 0.25)
+    on = build_scheduler(model, devices, SchedulerConfig(policy="slice"),
+                         load_or_profile(model, ["cpu:0"], tmp_path, sweep))
+    assert on.estimator is not None and on.profiler is not None
+    assert on.estimator.on_drift == on.profiler.request_kind
+    off = build_scheduler(model, devices, SchedulerConfig(policy="slice", reprofile=False),
+                          load_or_profile(model, ["cpu:0"], tmp_path, sweep))
+    assert off.estimator is not None and off.estimator.on_drift is None
