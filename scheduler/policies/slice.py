@@ -22,6 +22,7 @@ never tried.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from functools import partial
 
@@ -60,6 +61,8 @@ from scheduler.round.view import RoundView
 from scheduler.sim.gmg import Snapshot
 from scheduler.sim.simulator import simulate
 from scheduler.sim.types import Candidate, Prediction
+
+logger = logging.getLogger(__name__)
 
 CHUNK_COUNTS = (2, 4)  # chunked-pipeline candidates
 MIN_PIPELINE_TOKENS = 128  # shorter prompts are not worth a split
@@ -177,6 +180,7 @@ class SlicePolicy:
             best = self._best(draft, r)
         if best is None:
             return False
+        _log_choice(draft, r, best)
         placement = best.plan.placement
         if waits := held.intersection(placement):
             return min(waits)
@@ -388,6 +392,20 @@ def _pipelines(r: RequestView, placement: Placement, budget: int) -> Ladder:
         if todo >= k * MIN_PIPELINE_TOKENS // 2:
             out.append((placement, chunk_feeds(r, -(-todo // k), k)))
     return out
+
+
+def _log_choice(draft: Draft, r: RequestView, best: Scored) -> None:
+    """At DEBUG: the candidate chosen for a waiting request, what it expects and its
+    deadline (what a first token past its SLO was placed as)."""
+    if not logger.isEnabledFor(logging.DEBUG):
+        return
+    now, plan = draft.view.now, best.plan
+    logger.debug("%s (%d prompt tokens, waited %.0f ms): %s in %d chunk(s), first token "
+                 "expected in %.0f ms, deadline in %s; deadlines missed %d",
+                 r.rid, r.num_tokens, 1000 * (now - r.arrival_s), "/".join(dict.fromkeys(
+                     plan.placement)), len(plan.chunks), 1000 * (best.first - now),
+                 "-" if r.ttft_deadline is None else f"{1000 * (r.ttft_deadline - now):.0f} ms",
+                 best.score[0])
 
 
 def _in_flight(view: RoundView) -> object:

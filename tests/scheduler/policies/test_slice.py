@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import pytest
 
@@ -263,6 +264,17 @@ def test_more_chunks_are_tried_while_the_first_token_comes_earlier_though_decode
     view = make_view(waiting=[req("hp", Priority.HIGH, prompt=400, slo=0.5)])
     plan = next(p for p in SlicePolicy().schedule(view).plans if "hp" in p.rids)
     assert len(set(plan.placement)) == 2 and len(plan.chunks) == 4
+
+
+def test_a_placement_is_logged_at_debug_with_its_expected_first_token_and_deadline(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="scheduler.policies.slice")
+    view = make_view(waiting=[req("hp", Priority.HIGH, prompt=480, slo=0.5)])
+    plan = next(p for p in SlicePolicy().schedule(view).plans if "hp" in p.rids)
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("hp ")]
+    assert line.startswith("hp (480 prompt tokens, waited 0 ms): cpu:")
+    assert f"in {len(plan.chunks)} chunk(s), first token expected in " in line
+    assert "deadline in 500 ms; deadlines missed 0" in line
 
 
 def test_a_prefill_waits_for_a_decode_step_of_its_class_on_its_device_to_carry_it() -> None:
