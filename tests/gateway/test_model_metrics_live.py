@@ -87,6 +87,7 @@ def test_direct_runs_an_adapter_on_its_base_model(server: LiveServer) -> None:
     assert base.status_code == adapter.status_code == 200, adapter.text
     assert adapter.json()["prompt_tokens"] == base.json()["prompt_tokens"]  # small's tokens
     assert adapter.json()["total_s"] > 0
+    assert server.engine.adapters.in_flight("q") == 0  # the run's lease was released
     missing = direct("nope")
     assert missing.status_code == 404
     assert missing.json()["error"]["code"] == "model_not_found"
