@@ -8,6 +8,7 @@ scheduler's state is read once per scrape from `SchedulerAPI.stats()`.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import Any, TypeVar
 
 from prometheus_client import (
     CollectorRegistry,
@@ -26,9 +27,11 @@ from prometheus_client.core import (
 
 from gateway.recent import RecentRequests
 from gateway.tenants import Tenant
-from scheduler.api import Histogram, SchedulerStats
+from scheduler.api import Histogram, SchedulerStats, SpecDecodeCounts
 
 _LABELS = ["model_name", "tenant", "priority"]
+K = TypeVar("K")
+V = TypeVar("V")
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                     40.0, 80.0, 160.0, 640.0)
 _TOKEN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
@@ -53,14 +56,20 @@ class _StatsCollector:
                          m, s.num_waiting, s.num_waiting_by_model)
         yield _per_class(CounterMetricFamily("vllm:num_preemptions",
                                              "Cumulative preemptions.", labels=_LABELS),
-                         m, s.num_preemptions)
-        kv = GaugeMetricFamily("vllm:kv_cache_usage_perc", "KV-cache usage; 1 means 100 percent.",
-                               labels=["model_name"])
-        kv.add_metric([m], s.kv_cache_usage)
-        yield kv
-        yield _by_key(GaugeMetricFamily("slicegate_slo_attainment",
-                                        "Fraction of requests meeting their TTFT SLO, per class.",
-                                        labels=["priority"]), s.slo_attainment.items())
+                         m, {}, _named(m, s.num_preemptions))
+        yield _by_key(GaugeMetricFamily(
+            "vllm:kv_cache_usage_perc", "KV-cache usage of a model's pools on its devices; "
+            "1 means 100 percent (models of one KV layout share a pool and report its usage).",
+            labels=["model_name"]), _named(m, s.kv_cache_usage_by_model).items()
+            if s.kv_cache_usage_by_model else [(m, s.kv_cache_usage)])
+        slo = GaugeMetricFamily("slicegate_slo_attainment", "Fraction of requests meeting "
+                                "their TTFT SLO, per model and class.",
+                                labels=["model_name", "priority"])
+        by_model = _named(m, s.slo_attainment_by_model) or \
+            {(m, p): v for p, v in s.slo_attainment.items()}
+        for key, value in sorted(by_model.items()):
+            slo.add_metric(list(key), value)
+        yield slo
         yield _by_key(GaugeMetricFamily("slicegate_device_busy_ratio",
                                         "Fraction of time a device runs an operator.",
                                         labels=["device"]), s.device_busy_ratio.items())
@@ -135,22 +144,38 @@ class _StatsCollector:
 
 
 def _spec_decode(s: SchedulerStats, model_name: str) -> Iterator[Metric]:
-    """vLLM's speculative-decoding counters (docs/speculation.md)."""
-    for name, help_, value in (
-            ("vllm:spec_decode_num_drafts", "Verify steps of drafted tokens.", s.spec_num_drafts),
+    """vLLM's speculative-decoding counters, per model (docs/speculation.md)."""
+    per_model = sorted(_named(model_name, s.spec_decode).items()) or \
+        [(model_name, SpecDecodeCounts())]
+    for name, help_, field in (
+            ("vllm:spec_decode_num_drafts", "Verify steps of drafted tokens.", "num_drafts"),
             ("vllm:spec_decode_num_draft_tokens", "Tokens drafted (prompt lookup).",
-             s.spec_num_draft_tokens),
+             "num_draft_tokens"),
             ("vllm:spec_decode_num_accepted_tokens", "Drafted tokens accepted.",
-             s.spec_num_accepted_tokens)):
+             "num_accepted_tokens")):
         counter = CounterMetricFamily(name, help_, labels=["model_name"])
-        counter.add_metric([model_name], value)
+        for model, counts in per_model:
+            counter.add_metric([model], getattr(counts, field))
         yield counter
     per_pos = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
                                   "Drafted tokens accepted, per draft position (0 first).",
                                   labels=["model_name", "position"])
-    for pos, n in enumerate(s.spec_accepted_per_pos):
-        per_pos.add_metric([model_name, str(pos)], n)
+    for model, counts in per_model:
+        for pos, n in enumerate(counts.accepted_per_pos):
+            per_pos.add_metric([model, str(pos)], n)
     yield per_pos
+
+
+def _named(served: str, values: dict[K, V]) -> dict[K, V]:
+    """`values` keyed by model (a key, or a tuple whose first item is one) with the
+    scheduler's "" (its only model) renamed to the `served` name."""
+    out: dict[Any, V] = {}
+    for key, value in values.items():
+        if isinstance(key, tuple):
+            out[(key[0] or served, *key[1:])] = value
+        else:
+            out[key or served] = value
+    return out
 
 
 def _per_class(family: GaugeMetricFamily | CounterMetricFamily, model_name: str,
@@ -159,7 +184,7 @@ def _per_class(family: GaugeMetricFamily | CounterMetricFamily, model_name: str,
     """One sample per (tenant, class) under `model_name`; with several models (`by_model`
     set), one per (model, tenant, class) instead."""
     if by_model:
-        for (model, tenant, priority), value in sorted(by_model.items()):
+        for (model, tenant, priority), value in sorted(_named(model_name, by_model).items()):
             family.add_metric([model, tenant, priority], value)
         return family
     for (tenant, priority), value in sorted(values.items()):

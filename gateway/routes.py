@@ -100,7 +100,12 @@ async def metrics(request: Request) -> Response:
 async def admin_gmg(request: Request) -> Response:
     state = state_of(request)
     authorize_admin(state.tenants.current, request.headers.get("authorization"))
-    return json_response({"now": time.monotonic(), **state.engine.scheduler.snapshot()})
+    snapshot = state.engine.scheduler.snapshot()
+    served = state.engine.served_model_name
+    for device in snapshot.get("devices", ()):  # NOTE: the scheduler's only model is ""
+        for pool in device.get("kv_pools", ()):
+            pool["models"] = [m or served for m in pool["models"]]
+    return json_response({"now": time.monotonic(), **snapshot})
 
 
 @router.get("/admin/timeline")
@@ -129,24 +134,32 @@ async def admin_timeline(request: Request) -> Response:
 
 @router.post("/admin/direct")
 async def admin_direct(request: Request) -> Response:
-    """A /v1/completions body's operator chain (its `model`'s) timed directly on a device's
-    executor thread (`?device=`, default the first that model runs on), with no serving
-    path around it: the baseline that `loadgen probe --overhead` pairs with each request.
-    The device runs nothing else meanwhile."""
+    """A /v1/completions body's operator chain (its `model`'s; a LoRA adapter's: its base
+    model's with the adapter) timed directly on a device's executor thread (`?device=`,
+    default the first that model runs on), with no serving path around it: the baseline
+    that `loadgen probe --overhead` pairs with each request. The device runs nothing else
+    meanwhile."""
     state = state_of(request)
     authorize_admin(state.tenants.current, request.headers.get("authorization"))
     body = parse_completion(parse_json(await request.body()), 1)
-    check_model(state.engine, body.options.model, adapters=False)
-    base = body.options.model if body.options.model in state.engine.base_models else ""
+    check_model(state.engine, body.options.model)
+    model, adapters = body.options.model, state.engine.adapters
+    adapter = model if not state.engine.serves(model) else None  # NOTE: check_model: loaded
+    base = adapters.base_of(adapter) if adapter is not None else \
+        model if model in state.engine.base_models else ""
     engine = state.engine.of(base)  # NOTE: the named model's chain and tokenizer
     [prompt] = tokenize_completion(engine, body.prompts, body.suffix)
     max_tokens = resolve_max_tokens(body.options, len(prompt), engine.max_model_len,
                                     chat=False)
+    lease = adapters.acquire(adapter)  # NOTE: an unload waits for the run, as for a request
     try:
         t = await state.engine.scheduler.time_direct(prompt, max_tokens,
-                                                     request.query_params.get("device"), base)
+                                                     request.query_params.get("device"), base,
+                                                     adapter)
     except DirectUnavailable as e:
-        raise invalid("device", str(e)) from None
+        raise invalid(e.param, str(e)) from None
+    finally:
+        lease.release()
     return json_response({"device": t.device, "prompt_tokens": len(prompt),
                           "max_tokens": max_tokens, "first_token_s": t.first_token_s,
                           "total_s": t.total_s})

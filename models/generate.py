@@ -81,14 +81,15 @@ def generate(model: Model, prompt_ids: list[int], params: SamplingParams,
 
 
 def timed_request(model: Model, prompt_ids: list[int], max_tokens: int,
-                  block_size: int = 16, device: torch.device | None = None
-                  ) -> tuple[float, float]:
+                  block_size: int = 16, device: torch.device | None = None,
+                  adapter: str | None = None) -> tuple[float, float]:
     """(seconds to the first token, seconds to the last) of one greedy request run directly.
 
     What a server's request costs without the server: per step the batch is
     built and the operator chain run (prefill, then `max_tokens - 1` decode
     steps, each sampling one token; stop tokens ignored), on `device` (default:
-    the model's). KV blocks are allocated before the clock starts.
+    the model's), with LoRA `adapter` (loaded in `model.adapters`; None: the base). KV
+    blocks are allocated before the clock starts.
     """
     on = model.device if device is None else device
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
@@ -99,7 +100,7 @@ def timed_request(model: Model, prompt_ids: list[int], max_tokens: int,
     t0 = time.perf_counter()
     first = 0.0
     while out < max_tokens:
-        seq = _step_seq("r0", feed, past, table, params, out)
+        seq = _step_seq("r0", feed, past, table, params, out, adapter=adapter)
         token = int(run_chain(model, build_batch([seq], block_size, on), kv, on)[0])
         past += len(feed)
         out += 1

@@ -157,6 +157,16 @@ class Histogram:
         return Histogram(self.bounds_s, list(self.counts), self.sum_s, self.count)
 
 
+@dataclass(frozen=True, slots=True)
+class SpecDecodeCounts:
+    """vLLM's speculative-decoding counters of one model, cumulative since start."""
+
+    num_drafts: int = 0  # verify steps
+    num_draft_tokens: int = 0  # tokens drafted in them
+    num_accepted_tokens: int = 0  # drafted tokens accepted
+    accepted_per_pos: tuple[int, ...] = ()  # [i]: drafts accepted at position i (0 first)
+
+
 @dataclass(slots=True)
 class SchedulerStats:
     """A point-in-time view for /metrics. Keys of dicts are noted per field."""
@@ -167,10 +177,19 @@ class SchedulerStats:
     num_running_by_model: dict[tuple[str, str, str], int] = field(default_factory=dict)
     num_waiting_by_model: dict[tuple[str, str, str], int] = field(default_factory=dict)
     kv_cache_usage: float = 0.0  # used / total KV blocks over all devices, in [0, 1]
-    num_preemptions: dict[tuple[str, str], int] = field(default_factory=dict)  # cumulative
+    # NOTE: the figures below are per model, keyed by `Request.model` ("" for a one-model
+    # server) with every served model present (0 where it ran nothing), so /metrics shows
+    # one series per model; a server's figures leave them empty (its fakes)
+    # model -> used / total blocks of the KV pools it uses, on the devices it runs on (models
+    # of one KV layout share a pool: each reports the shared pool's usage)
+    kv_cache_usage_by_model: dict[str, float] = field(default_factory=dict)
+    # (model, tenant, class) -> preemptions, cumulative
+    num_preemptions: dict[tuple[str, str, str], int] = field(default_factory=dict)
     kv_swapped_bytes: int = 0  # KV copied to host memory by preemptions, cumulative
     kv_recomputed_tokens: int = 0  # tokens of KV dropped by preemptions to recompute
     slo_attainment: dict[str, float] = field(default_factory=dict)  # class -> fraction
+    # (model, class) -> fraction of its requests with a TTFT SLO that met it
+    slo_attainment_by_model: dict[tuple[str, str], float] = field(default_factory=dict)
     device_busy_ratio: dict[str, float] = field(default_factory=dict)  # device -> fraction
     round_seconds: Histogram = field(default_factory=Histogram)  # decision + apply, per round
     estimator_mape: dict[str, float] = field(default_factory=dict)  # estimator -> fraction
@@ -194,12 +213,8 @@ class SchedulerStats:
     device_up: dict[str, bool] = field(default_factory=dict)  # device -> its executor is up
     device_detail: dict[str, dict[str, Any]] = field(default_factory=dict)  # device -> state,
     # times lost, last error (remote devices)
-    # speculative decoding, cumulative (scheduler/spec/): verify steps, tokens drafted in
-    # them, drafted tokens accepted, and accepted ones per draft position (0 first)
-    spec_num_drafts: int = 0
-    spec_num_draft_tokens: int = 0
-    spec_num_accepted_tokens: int = 0
-    spec_accepted_per_pos: tuple[int, ...] = ()
+    # model -> its speculative decoding counters (scheduler/spec/)
+    spec_decode: dict[str, SpecDecodeCounts] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,7 +227,12 @@ class DirectTiming:
 
 
 class DirectUnavailable(Exception):
-    """No device by that name, or it runs no executor thread in this process."""
+    """No device by that name, or it runs no executor thread in this process; or (`param`
+    "model") no such model or adapter to run."""
+
+    def __init__(self, message: str, param: str = "device") -> None:
+        super().__init__(message)
+        self.param = param  # the request field at fault
 
 
 class SchedulerAPI(Protocol):
@@ -237,11 +257,13 @@ class SchedulerAPI(Protocol):
         ...
 
     async def time_direct(self, prompt_ids: list[int], max_tokens: int,
-                          device: str | None = None, model: str = "") -> DirectTiming:
+                          device: str | None = None, model: str = "",
+                          adapter: str | None = None) -> DirectTiming:
         """A request's operator chain with no serving path around it: `max_tokens` greedy
         steps of `prompt_ids` through base model `model`'s chain (a `Request.model`; "": the
-        first), timed on `device`'s executor thread (default: the first device that model
-        runs on) between its ops. Raises `DirectUnavailable`."""
+        first) with LoRA `adapter` (a `Request.adapter`, loaded on `model`; None: none),
+        timed on `device`'s executor thread (default: the first device that model runs on)
+        between its ops. Raises `DirectUnavailable`."""
         ...
 
     async def start(self) -> None: ...

@@ -394,9 +394,10 @@ class Scheduler(Components):
         return self.gmg.to_json()
 
     async def time_direct(self, prompt_ids: list[int], max_tokens: int,
-                          device: str | None = None, model: str = "") -> DirectTiming:
+                          device: str | None = None, model: str = "",
+                          adapter: str | None = None) -> DirectTiming:
         return await time_direct(self.exec, self.model, list(self.devices), prompt_ids,
-                                 max_tokens, self.cfg.block_size, device, model)
+                                 max_tokens, self.cfg.block_size, device, model, adapter)
 
     def timeline(self, since: float) -> list[dict[str, Any]]:
         self.completions.book()
@@ -404,5 +405,5 @@ class Scheduler(Components):
 
     def stats(self) -> SchedulerStats:
         self.completions.book()
-        return with_counters(collect(self), self.spec_counters)
+        return with_counters(collect(self), self.spec_counters, self.model_names)
 

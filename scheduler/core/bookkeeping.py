@@ -28,6 +28,9 @@ class Bookkeeping:
     timeline: deque[dict[str, Any]] = field(init=False)
     slo: dict[Priority, ClassCounts] = field(
         default_factory=lambda: defaultdict(ClassCounts))
+    # the same counts per (model, class): `Request.model`, "" for one model
+    slo_by_model: dict[tuple[str, Priority], ClassCounts] = field(
+        default_factory=lambda: defaultdict(ClassCounts))
     rounds: Histogram = field(default_factory=Histogram)  # round times, cumulative
     recent_round_s: deque[float] = field(default_factory=lambda: deque(maxlen=10000))
 
@@ -47,12 +50,14 @@ class Bookkeeping:
                               "num_seqs": op.shape.num_seqs, "num_tokens": op.shape.num_tokens,
                               "requests": op.request_ids, "ok": op.error is None})
 
-    def record_ttft(self, priority: Priority, ttft_s: float, slo_s: float | None) -> None:
+    def record_ttft(self, priority: Priority, ttft_s: float, slo_s: float | None,
+                    model: str = "") -> None:
+        """A first token `ttft_s` after arrival, of a request of `model` with SLO `slo_s`."""
         if slo_s is None:
             return
-        c = self.slo[priority]
-        c.with_slo += 1
-        c.met += ttft_s <= slo_s
+        for c in (self.slo[priority], self.slo_by_model[(model, priority)]):
+            c.with_slo += 1
+            c.met += ttft_s <= slo_s
 
     def since(self, t: float) -> list[dict[str, Any]]:
         return [e for e in self.timeline if e["end"] >= t]

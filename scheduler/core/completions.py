@@ -181,7 +181,7 @@ class Completions:
         """A verify step's tokens: its acceptance booked (scheduler/spec/steps.py), each
         token as a decoded token (a stop among them ends the request there), then its
         rejected drafts' blocks freed."""
-        book_run(s.spec, self.spec_counters, run)
+        book_run(s.spec, self.spec_counters, run, s.req.model)
         for token in run:
             self._on_token(s, token)
         if not s.finished:
@@ -200,7 +200,8 @@ class Completions:
             s.first_token_time = now
             self.parts.calibration.first_token(s.rid, now)
             self.parts.gmg.deadlines.pop(s.rid, None)
-            self.parts.books.record_ttft(s.priority, now - s.req.arrival_time, s.req.ttft_slo_s)
+            self.parts.books.record_ttft(s.priority, now - s.req.arrival_time, s.req.ttft_slo_s,
+                                         s.req.model)
         s.last_token_time = now
         reason = _finish_reason(s, token)
         s.add_decode_node()

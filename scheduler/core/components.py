@@ -101,6 +101,13 @@ class Components:
             raise ValueError(f"model {name!r} is not served") from None
 
     @property
+    def model_names(self) -> list[str]:
+        """Every model's `Request.model`: [""] for one model, else each member's name."""
+        if not isinstance(self.model, ModelSet):
+            return [""]
+        return [m.name for m in self.model.members]
+
+    @property
     def states(self) -> dict[str, RequestState]:
         return self.requests.states
 

@@ -35,7 +35,8 @@ class Requests:
         self.kv, self.gmg, self.template = kv, gmg, template
         self.states: dict[str, RequestState] = {}
         self.waiting: WaitingQueues[RequestState] = WaitingQueues(limits)
-        self.preemptions: dict[tuple[str, str], int] = {}  # (tenant, class) -> count
+        self.preemptions: dict[tuple[str, str, str], int] = {}  # (model, tenant, class) ->
+        # count
         self.swapped_out_bytes = 0  # KV copied to host memory by preemptions, cumulative
         self.dropped_tokens = 0  # tokens of KV dropped by preemptions (to recompute)
         self.block_size = kv.block_size
@@ -147,7 +148,7 @@ class Requests:
             state.num_computed, state.status = 0, Status.WAITING
         state.placement, state.tables = None, {}
         state.num_preemptions += 1
-        key = (state.req.tenant, state.priority.label)
+        key = (state.req.model, state.req.tenant, state.priority.label)
         self.preemptions[key] = self.preemptions.get(key, 0) + 1
         state.on_preempted()
         self.waiting.requeue(state)

@@ -30,10 +30,12 @@ def collect(s: Components) -> SchedulerStats:
     return SchedulerStats(
         num_running=dict(running), num_waiting=dict(waiting), kv_cache_usage=s.kv.usage(),
         num_running_by_model=dict(by_model[0]), num_waiting_by_model=dict(by_model[1]),
-        num_preemptions=dict(s.requests.preemptions),
+        kv_cache_usage_by_model=_kv_usage(s), num_preemptions=dict(s.requests.preemptions),
         kv_swapped_bytes=s.requests.swapped_out_bytes,
         kv_recomputed_tokens=s.requests.dropped_tokens,
         slo_attainment={p.label: c.attainment for p, c in s.books.slo.items()},
+        slo_attainment_by_model={(m, p.label): c.attainment
+                                 for (m, p), c in s.books.slo_by_model.items()},
         device_busy_ratio={d: min(1.0, s.exec.busy_s(d) / wall) for d in s.devices},
         round_seconds=s.books.rounds.copy(), estimator_mape=mape,
         estimator_cov=est.sample_cov() if est is not None else {},
@@ -48,6 +50,14 @@ def collect(s: Components) -> SchedulerStats:
         device_up={d: d not in down for d in s.exec.executors},
         device_detail={d: describe() for d, e in s.exec.executors.items()
                        if callable(describe := getattr(e, "describe", None))})
+
+
+def _kv_usage(s: Components) -> dict[str, float]:
+    """model -> KV usage of the pools it uses on the devices it runs on (one model: all).
+
+    NOTE: models of one KV layout share a pool per device (models/modelset.py); each then
+    reports the shared pool's usage, as blocks are not split between them."""
+    return {m: s.kv.usage(m, s.model_devices.get(m)) for m in s.model_names}
 
 
 def _reprofiles(s: Components) -> dict[str, int]:

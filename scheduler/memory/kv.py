@@ -23,7 +23,7 @@ last reference goes stays cached until its space is needed.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -95,6 +95,12 @@ class KVManager:
     def devices(self) -> list[str]:
         """The devices holding pools, sorted."""
         return sorted({pool_device(k) for k in self.pools})
+
+    def models_of(self, key: str) -> list[str]:
+        """The models whose KV the pool of `key` holds ([""] for a server of one model)."""
+        if not self.model_pools:
+            return [""]
+        return [m for m, p in self.model_pools.items() if pool_key(pool_device(key), p) == key]
 
     def _keys_of(self, model: str | None) -> list[str]:
         """The keys of `model`'s pools (None: every pool)."""
@@ -329,9 +335,13 @@ class KVManager:
                                            if dev == d and layer in kv})
 
     # -- totals ------------------------------------------------------------------------------
-    def usage(self) -> float:
-        total = sum(p.allocator.num_blocks for p in self.pools.values())
-        return sum(p.allocator.num_used for p in self.pools.values()) / max(1, total)
+    def usage(self, model: str | None = None, devices: Collection[str] | None = None) -> float:
+        """Used over total blocks, in [0, 1], of `model`'s pools (None: every pool) on
+        `devices` (None: every device)."""
+        pools = [self.pools[k] for k in self._keys_of(model)
+                 if devices is None or pool_device(k) in devices]
+        total = sum(p.allocator.num_blocks for p in pools)
+        return sum(p.allocator.num_used for p in pools) / max(1, total)
 
     def used_blocks(self) -> int:
         return sum(p.allocator.num_used for p in self.pools.values())

@@ -134,6 +134,10 @@ class GMG:
                 "kv_blocks_used": sum(a.num_used for a in pools),
                 # blocks holding a cached prefix (referenced or evictable), 0 without the cache
                 "kv_blocks_cached": sum(getattr(a, "num_cached", 0) for a in pools),
+                # each pool apart, with the models whose KV it holds ("": the only model)
+                "kv_pools": [{"models": self.kv.models_of(k), "kv_blocks_total":
+                              p.allocator.num_blocks, "kv_blocks_used": p.allocator.num_used}
+                             for k, p in self.kv.pools.items() if pool_device(k) == name],
                 "queue": [op.op_id for op in self.scheduled.values() if op.device == name],
             })
         ops = [{"op_id": op.op_id, "name": op.name, "role": op.role.value, "device": op.device,

@@ -95,8 +95,14 @@ class SpecCounters:
     num_draft_tokens: int = 0  # tokens drafted in them
     num_accepted_tokens: int = 0  # drafted tokens accepted
     accepted_per_pos: list[int] = field(default_factory=list)  # [i]: accepted at draft position i
+    # the same counters per model (`Request.model`: "" for one model), when `record` names it
+    by_model: dict[str, SpecCounters] = field(default_factory=dict)
 
-    def record(self, num_draft: int, num_accepted: int) -> None:
+    def record(self, num_draft: int, num_accepted: int, model: str | None = None) -> None:
+        """One verify step of `num_draft` drafts, `num_accepted` of them accepted; counted
+        in `by_model[model]` too unless `model` is None."""
+        if model is not None:
+            self.by_model.setdefault(model, SpecCounters()).record(num_draft, num_accepted)
         self.num_drafts += 1
         self.num_draft_tokens += num_draft
         self.num_accepted_tokens += num_accepted

@@ -9,10 +9,11 @@ one, as any decoded token, and frees the rejected drafts' blocks.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 from models.logprobs import runs_of
-from scheduler.api import SchedulerStats
+from scheduler.api import SchedulerStats, SpecDecodeCounts
 from scheduler.round.plan import Feed
 from scheduler.spec.choice import SpecCounters
 from scheduler.spec.state import SpecState
@@ -27,20 +28,27 @@ def verify_runs(chunk: list[Feed], output: Any) -> dict[str, list[int]]:
     return {f.rid: run for f, run in zip(sampled, runs, strict=True) if f.num_draft}
 
 
-def book_run(spec: SpecState | None, counters: SpecCounters, run: list[int]) -> None:
-    """Book a verify step's acceptance (`run`: its accepted drafts, then one more token);
-    the request's drafts in flight are done."""
+def book_run(spec: SpecState | None, counters: SpecCounters, run: list[int],
+             model: str | None = None) -> None:
+    """Book a verify step's acceptance (`run`: its accepted drafts, then one more token),
+    under the request's `model` too; the request's drafts in flight are done."""
     drafts = spec.in_flight if spec is not None else []
     accepted = len(run) - 1
-    counters.record(len(drafts), accepted)
+    counters.record(len(drafts), accepted, model)
     if spec is not None:
         spec.acceptance.observe(len(drafts), accepted)
         spec.in_flight = []
 
 
-def with_counters(stats: SchedulerStats, c: SpecCounters) -> SchedulerStats:
-    """`stats` with the speculation counters filled in."""
-    return dataclasses.replace(stats, spec_num_drafts=c.num_drafts,
-                               spec_num_draft_tokens=c.num_draft_tokens,
-                               spec_num_accepted_tokens=c.num_accepted_tokens,
-                               spec_accepted_per_pos=tuple(c.accepted_per_pos))
+def with_counters(stats: SchedulerStats, c: SpecCounters,
+                  models: Sequence[str] = ("",)) -> SchedulerStats:
+    """`stats` with the speculation counters of each of `models` filled in (0 for a model
+    that drafted nothing)."""
+    zero = SpecCounters()
+    return dataclasses.replace(stats, spec_decode={m: _counts(c.by_model.get(m, zero))
+                                                   for m in models})
+
+
+def _counts(c: SpecCounters) -> SpecDecodeCounts:
+    return SpecDecodeCounts(c.num_drafts, c.num_draft_tokens, c.num_accepted_tokens,
+                            tuple(c.accepted_per_pos))

@@ -169,7 +169,8 @@ class FakeScheduler:
         return [r for r in self._timeline if r["end"] >= since]
 
     async def time_direct(self, prompt_ids: list[int], max_tokens: int,
-                          device: str | None = None, model: str = "") -> DirectTiming:
+                          device: str | None = None, model: str = "",
+                          adapter: str | None = None) -> DirectTiming:
         """A step of `token_delay_s` per token, slept and timed."""
         if device not in (None, self.config.device):
             raise DirectUnavailable(f"This server has no device {device!r}; it has "

@@ -9,7 +9,7 @@ import pytest
 
 from gateway.metrics import GatewayMetrics
 from gateway.tenants import parse_tenants
-from scheduler.api import SchedulerStats
+from scheduler.api import SchedulerStats, SpecDecodeCounts
 from tests.gateway.harness import (
     TENANTS_YAML,
     EngineFactory,
@@ -61,7 +61,8 @@ async def test_names_and_labels(make_engine: EngineFactory) -> None:
         assert 'vllm:request_success_total{finished_reason="length"' in text
         # the one high-priority request (the first) met its 0.5 s TTFT SLO if its whole reply
         # came within it; a busy machine may take longer (in CI: the fresh app's first request)
-        attained = re.search(r'slicegate_slo_attainment\{priority="high"\} (\S+)', text)
+        attained = re.search(r'slicegate_slo_attainment\{model_name="tiny",priority="high"\} (\S+)',
+                             text)
         assert attained is not None
         assert float(attained[1]) == 1.0 if waits[0] <= 0.5 else float(attained[1]) in (0.0, 1.0)
 
@@ -81,6 +82,58 @@ async def test_request_gauges_carry_each_models_name_with_several_models() -> No
     one = GatewayMetrics("chat").render(SchedulerStats(num_running={("ide", "high"): 2}))
     assert 'vllm:num_requests_running{model_name="chat",priority="high",tenant="ide"} 2.0' \
         in one.decode()
+
+
+def _samples(text: str, name: str) -> dict[str, float]:
+    """The samples of family `name`: their label text -> value."""
+    return {m[1]: float(m[2]) for m in re.finditer(
+        rf"^{re.escape(name)}\{{([^}}]*)\}} (\S+)$", text, re.M)}
+
+
+async def test_scheduler_figures_are_per_model_with_several_models() -> None:
+    stats = SchedulerStats(
+        kv_cache_usage=0.3, kv_cache_usage_by_model={"chat": 0.5, "batch": 0.0},
+        num_preemptions={("chat", "ide", "high"): 2, ("batch", "bulk", "low"): 1},
+        slo_attainment={"high": 0.5},
+        slo_attainment_by_model={("chat", "high"): 1.0, ("batch", "high"): 0.0},
+        spec_decode={"chat": SpecDecodeCounts(4, 12, 7, (3, 2, 2)),
+                     "batch": SpecDecodeCounts()})
+    text = GatewayMetrics("chat").render(stats).decode()
+    assert _samples(text, "vllm:kv_cache_usage_perc") == {
+        'model_name="batch"': 0.0, 'model_name="chat"': 0.5}
+    assert _samples(text, "vllm:num_preemptions_total") == {
+        'model_name="batch",priority="low",tenant="bulk"': 1.0,
+        'model_name="chat",priority="high",tenant="ide"': 2.0}
+    assert _samples(text, "slicegate_slo_attainment") == {
+        'model_name="batch",priority="high"': 0.0, 'model_name="chat",priority="high"': 1.0}
+    assert _samples(text, "vllm:spec_decode_num_drafts_total") == {
+        'model_name="batch"': 0.0, 'model_name="chat"': 4.0}
+    assert _samples(text, "vllm:spec_decode_num_accepted_tokens_total") == {
+        'model_name="batch"': 0.0, 'model_name="chat"': 7.0}
+    assert _samples(text, "vllm:spec_decode_num_accepted_tokens_per_pos_total") == {
+        f'model_name="chat",position="{i}"': n for i, n in enumerate((3.0, 2.0, 2.0))}
+
+
+async def test_one_models_figures_carry_its_served_name() -> None:
+    """The scheduler keys its only model "" (and a fake gives no per-model figures): both
+    come out under the served name, one series as with several models."""
+    real = SchedulerStats(kv_cache_usage_by_model={"": 0.25},
+                          num_preemptions={("", "ide", "high"): 1},
+                          slo_attainment_by_model={("", "high"): 0.75},
+                          spec_decode={"": SpecDecodeCounts(1, 3, 2, (1, 1, 0))})
+    fake = SchedulerStats(kv_cache_usage=0.25, slo_attainment={"high": 0.75})
+    for stats in (real, fake):
+        text = GatewayMetrics("tiny").render(stats).decode()
+        assert _samples(text, "vllm:kv_cache_usage_perc") == {'model_name="tiny"': 0.25}
+        assert _samples(text, "slicegate_slo_attainment") == {
+            'model_name="tiny",priority="high"': 0.75}
+        assert set(_samples(text, "vllm:spec_decode_num_drafts_total")) == {
+            'model_name="tiny"'}
+    text = GatewayMetrics("tiny").render(real).decode()
+    assert _samples(text, "vllm:num_preemptions_total") == {
+        'model_name="tiny",priority="high",tenant="ide"': 1.0}
+    assert _samples(text, "vllm:spec_decode_num_draft_tokens_total") == {
+        'model_name="tiny"': 3.0}
 
 
 async def test_tpot_slo_attainment_per_tenant(make_engine: EngineFactory) -> None:

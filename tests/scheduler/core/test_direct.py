@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 import torch
 
 import models
 from models import generate as generate_module
+from models.batch import Batch
+from models.lora import load_peft_adapter
 from models.modelset import model_set
 from scheduler.api import DirectUnavailable
+from tests.models.peft_ref import make_adapter
 from tests.scheduler.conftest import make_scheduler
+
+pytestmark = pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing`:FutureWarning")
 
 
 async def test_the_chain_runs_on_the_devices_executor_thread(
@@ -80,3 +86,30 @@ async def test_a_sets_member_chain_runs_on_a_device_it_runs_on(
     assert chains == [(small, "exec-cpu:1"), (tiny_model, "exec-cpu:0")]
     with pytest.raises(DirectUnavailable, match="one unnamed model, not 'small'"):
         await make_scheduler(tiny_model, "slice").time_direct([1, 2], 1, model="small")
+
+
+async def test_an_adapters_request_runs_its_base_chain_with_the_adapters_rows(
+        tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = models.load(tiny_model_dir, dtype="float32")
+    path = make_adapter(tiny_model_dir, tmp_path / "a", ["q_proj", "v_proj"], 4, 8, seed=1)
+    model.adapters.add(load_peft_adapter("a", path, model))
+    seen: list[tuple[str | None, bool]] = []
+    real = generate_module.run_chain
+
+    def recording(m: models.Model, batch: Batch, *rest: object) -> torch.Tensor:
+        out = real(m, batch, *rest)  # type: ignore[arg-type]
+        seen.append((batch.seqs[0].adapter, batch.lora is not None))
+        return out
+
+    monkeypatch.setattr(generate_module, "run_chain", recording)
+    sched = make_scheduler(model, "slice")
+    await sched.start()
+    try:
+        assert (await sched.time_direct([1, 2, 3], 2, adapter="a")).total_s > 0
+        await sched.time_direct([1, 2, 3], 1)
+        with pytest.raises(DirectUnavailable, match="no LoRA adapter 'nope' loaded") as e:
+            await sched.time_direct([1, 2], 1, adapter="nope")
+        assert e.value.param == "model"
+    finally:
+        await sched.stop()
+    assert seen == [("a", True), ("a", True), (None, False)]  # the layers applied its rows

@@ -6,10 +6,11 @@ import torch
 
 from models.logprobs import HeadOutput
 from models.spec_config import SpecConfig
+from scheduler.api import SchedulerStats, SpecDecodeCounts
 from scheduler.round.plan import Feed
 from scheduler.spec.choice import SpecCounters
 from scheduler.spec.state import SpecState
-from scheduler.spec.steps import book_run, verify_runs
+from scheduler.spec.steps import book_run, verify_runs, with_counters
 from tests.scheduler.views import req, single
 
 
@@ -38,3 +39,19 @@ def test_book_run_counts_the_accepted_drafts_and_ends_those_in_flight() -> None:
     # the first draft was accepted; past it, 1 of 2 trials (6 accepted, 8 rejected)
     assert spec.acceptance.first > first
     assert abs(spec.acceptance.next - 1 / 2) < abs(nxt - 1 / 2)
+
+
+def test_a_runs_model_books_it_apart_and_every_model_is_reported() -> None:
+    spec = SpecState(SpecConfig(num_speculative_tokens=3, prompt_lookup_max=3))
+    counters = SpecCounters()
+    spec.in_flight = [5, 6, 8]
+    book_run(spec, counters, [5, 6, 9], model="small")  # two of three accepted
+    spec.in_flight = [4]
+    book_run(spec, counters, [7])  # no model named: the total only
+    assert (counters.num_drafts, counters.num_draft_tokens) == (2, 4)
+    small = counters.by_model["small"]
+    assert (small.num_drafts, small.num_draft_tokens, small.num_accepted_tokens) == (1, 3, 2)
+    assert set(counters.by_model) == {"small"}
+    stats = with_counters(SchedulerStats(), counters, ["chat", "small"])
+    assert stats.spec_decode == {"chat": SpecDecodeCounts(),
+                                 "small": SpecDecodeCounts(1, 3, 2, (1, 1, 0))}
