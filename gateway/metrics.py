@@ -81,14 +81,10 @@ class _StatsCollector:
                                         "profiling sweep an estimator was fitted on.",
                                         labels=["estimator"]), s.estimator_cov.items())
         yield _by_key(GaugeMetricFamily("slicegate_first_token_factor",
-                                        "Slope of the measured over the predicted wait for "
-                                        "the first token of recent plans of a placement kind "
-                                        "(maps the policy's predictions, with the offset).",
+                                        "Measured over predicted wait for the first token of "
+                                        "recent plans of a placement kind (scales the "
+                                        "policy's predictions).",
                                         labels=["placement"]), s.first_token_factor.items())
-        yield _by_key(GaugeMetricFamily("slicegate_first_token_offset_seconds",
-                                        "Offset of that line: measured wait = offset + "
-                                        "factor x predicted wait.",
-                                        labels=["placement"]), s.first_token_offset_s.items())
         yield _by_key(GaugeMetricFamily("slicegate_estimator_level",
                                         "Measured over profiled time of an estimator's recent "
                                         "ops (median); 1 while the machine runs as profiled.",

@@ -201,9 +201,7 @@ class SchedulerStats:
     slowdown: dict[tuple[str, str], float] = field(default_factory=dict)  # (op class, class
     # running beside it on another device of the host) -> co-location slowdown
     first_token_factor: dict[str, float] = field(default_factory=dict)  # placement kind ->
-    # slope of measured over predicted first-token wait of its recent plans, and the offset
-    # (scheduler/round/calibration.py)
-    first_token_offset_s: dict[str, float] = field(default_factory=dict)
+    # measured / predicted first-token wait of its recent plans (scheduler/round/calibration.py)
     fairness_jain: dict[str, float] = field(default_factory=dict)  # class -> Jain's index of
     # the tokens each of its tenants was served (scheduler/core/fairness.py)
     queued_tokens: dict[str, int] = field(default_factory=dict)  # class -> prompt tokens waiting

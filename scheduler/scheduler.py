@@ -318,7 +318,7 @@ class Scheduler(Components):
             frozenset(self.inflight.decodes),
             self.tightest_slo_s or self.cfg.default_ttft_slo_s, self.fair.view(),
             None if self.provisioner is None else self.replicas.holders(),
-            self.calibration.scales(), frozenset(self.inflight.decode_classes),
+            self.calibration.factors(), frozenset(self.inflight.decode_classes),
             self.model_devices, self.inflight.step_ends(running), self.tightest_tpot_s,
             self.kv.model_pools, {m: self.kv.block_bytes(m) for m in self.kv.model_pools})
 

@@ -101,11 +101,11 @@ def decode_delay(draft: Draft, plan: Plan, pred: Prediction) -> float:
 
 
 def expected(draft: Draft, plan: Plan, first: float) -> float:
-    """A predicted first token `first` of `plan`, its wait mapped by the line that measured
-    against predicted waits of plans of its placement kind follow (round/calibration.py)."""
-    scale = draft.view.first_token_scales.get(kind_of(plan.placement, len(plan.chunks)))
+    """A predicted first token `first` of `plan`, its wait scaled by the measured / predicted
+    ratio of plans of its placement kind (scheduler/round/calibration.py)."""
+    kind = kind_of(plan.placement, len(plan.chunks))
     now = draft.view.now
-    return first if scale is None else now + scale(first - now)
+    return now + (first - now) * draft.view.first_token_factors.get(kind, 1.0)
 
 
 def grown_plan(draft: Draft, plan: Plan, best: Scored, members: list[RequestView]) -> Plan | None:

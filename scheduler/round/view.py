@@ -15,7 +15,6 @@ from executors.types import Priority
 from models.kv_cache import blocks_for, pool_key
 from scheduler.config import SchedulerConfig
 from scheduler.memory.replicas import Holders
-from scheduler.round.calibration import WaitScale
 from scheduler.round.plan import Builder
 from scheduler.round.requestview import Placement, RequestView
 from scheduler.sim.gmg import Snapshot
@@ -48,9 +47,9 @@ class RoundView:
     service: Mapping[Priority, Mapping[str, float]] = field(default_factory=dict)
     # op index -> devices holding a replica that takes new work; None: every device holds all
     holders: Holders | None = None
-    # placement kind -> measured against predicted first-token wait (round/calibration.py);
-    # a kind not in it has too few plans scored and counts as predicted
-    first_token_scales: Mapping[str, WaitScale] = field(default_factory=dict)
+    # placement kind -> measured / predicted first-token wait (scheduler/round/calibration.py);
+    # a kind not in it has too few plans scored and counts as 1.0
+    first_token_factors: Mapping[str, float] = field(default_factory=dict)
     # (placement, class) of each decode step in flight: a step runs at its lowest member's
     # class, so a high request's step may run at low class (policies/common.py)
     decode_classes: frozenset[tuple[Placement, Priority]] = frozenset()

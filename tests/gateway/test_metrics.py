@@ -31,7 +31,7 @@ NAMES = (
     "slicegate_estimator_mape", "slicegate_estimator_sample_cov", "slicegate_estimator_level",
     "slicegate_estimator_reprofiles_total", "slicegate_estimator_reprofiling",
     "slicegate_colocation_slowdown",
-    "slicegate_first_token_factor", "slicegate_first_token_offset_seconds",
+    "slicegate_first_token_factor",
     "slicegate_tenant_ttft_slo_seconds",
 )
 

@@ -6,7 +6,7 @@ import pytest
 
 from executors.types import Priority
 from scheduler.policies.scoring import decode_delay, expected
-from scheduler.round.calibration import ONE_DEVICE, PIPELINE, WaitScale
+from scheduler.round.calibration import ONE_DEVICE, PIPELINE
 from scheduler.round.draft import Draft
 from scheduler.round.plan import Feed, Plan
 from tests.scheduler.views import make_view, req, single
@@ -21,11 +21,8 @@ def test_expected_scales_the_wait_not_the_clock() -> None:
     view = make_view(now=10.0)
     plan = _prefill(Draft(view), "cpu:0")
     assert expected(Draft(view), plan, 10.1) == pytest.approx(10.1)
-    scales = {ONE_DEVICE: WaitScale(1.5), PIPELINE: WaitScale(3.0)}
-    scaled = dataclasses.replace(view, first_token_scales=scales)
+    scaled = dataclasses.replace(view, first_token_factors={ONE_DEVICE: 1.5, PIPELINE: 3.0})
     assert expected(Draft(scaled), plan, 10.1) == pytest.approx(10.15)
-    fixed = dataclasses.replace(view, first_token_scales={ONE_DEVICE: WaitScale(1.0, 0.03)})
-    assert expected(Draft(fixed), plan, 10.1) == pytest.approx(10.13)
 
 
 def test_decode_delay_counts_requests_decoding_on_the_plans_devices_at_its_class() -> None:

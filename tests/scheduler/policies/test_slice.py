@@ -14,7 +14,7 @@ from scheduler.policies import make_policy
 from scheduler.policies import slice as slice_policy
 from scheduler.policies.scoring import Scored, score
 from scheduler.policies.slice import SlicePolicy
-from scheduler.round.calibration import ONE_DEVICE, PIPELINE, SPLIT, WaitScale
+from scheduler.round.calibration import ONE_DEVICE, PIPELINE, SPLIT
 from scheduler.round.plan import Builder
 from scheduler.sim.gmg import DeviceView, SimOp, Snapshot
 from scheduler.sim.simulator import simulate
@@ -204,8 +204,7 @@ def test_a_long_prompt_is_split_only_while_splits_run_as_fast_as_predicted() -> 
     view = make_view(waiting=[hp], runnable=decs)
 
     def devices(factors: dict[str, float]) -> int:
-        scales = {kind: WaitScale(f) for kind, f in factors.items()}
-        d = make_policy("slice").schedule(dataclasses.replace(view, first_token_scales=scales))
+        d = make_policy("slice").schedule(dataclasses.replace(view, first_token_factors=factors))
         return len(set(next(p for p in d.plans if "hp" in p.rids).placement))
 
     assert devices({}) == 2
