@@ -291,7 +291,7 @@ class SlicePolicy:
         NOTE: the climb ignores `decode_delay`: a pipeline of 2 chunks may hold the decoding
         requests a little longer than the whole prompt split once, and its first token still
         comes earlier; one of 4 then keeps a deadline that neither keeps (measured: the
-        400-token prompts of the saturating recipe's first minute, alone)."""
+        338-402-token prompts of the saturating recipe's first minute, alone)."""
         view = draft.view
         budget, n = view.cfg.max_batch_tokens, view.num_ops
         # NOTE: on a device holding a cached prefix the plan feeds only the rest of the prompt
@@ -395,8 +395,9 @@ def _pipelines(r: RequestView, placement: Placement, budget: int) -> Ladder:
 
 
 def _log_choice(draft: Draft, r: RequestView, best: Scored) -> None:
-    """At DEBUG: the candidate chosen for a waiting request, what it expects and its
-    deadline (what a first token past its SLO was placed as)."""
+    """At DEBUG: the best candidate for a waiting request, what it expects and its deadline
+    (what a first token past its SLO was placed as). Logged each round the request is
+    placed, also when it then waits for a device its candidate uses."""
     if not logger.isEnabledFor(logging.DEBUG):
         return
     now, plan = draft.view.now, best.plan
