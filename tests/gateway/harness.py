@@ -87,8 +87,8 @@ async def stream_beside_batch(url: str, **batch: Any) -> list[Any]:
     answer, checked whole (usage of 12 tokens); the four completions."""
     ide = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="sk-ide-1", max_retries=0)
     nightly = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="sk-nightly-1", max_retries=0)
+    tasks = [asyncio.create_task(nightly.completions.create(**batch)) for _ in range(4)]
     try:
-        tasks = [asyncio.create_task(nightly.completions.create(**batch)) for _ in range(4)]
         stream = await ide.chat.completions.create(
             model="tiny-random", messages=[{"role": "user", "content": "hi"}], max_tokens=12,
             stream=True, stream_options={"include_usage": True},
@@ -97,6 +97,9 @@ async def stream_beside_batch(url: str, **batch: Any) -> list[Any]:
         assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
         return list(await asyncio.gather(*tasks))
     finally:
+        for task in tasks:  # NOTE: after a failed check, none is left pending on the loop
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await ide.close()
         await nightly.close()
 
