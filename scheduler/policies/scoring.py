@@ -4,6 +4,7 @@ delay it adds to requests decoding on its devices; and the checks a grown batch 
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from dataclasses import dataclass
 
@@ -14,6 +15,8 @@ from scheduler.round.draft import Draft
 from scheduler.round.plan import Feed, Plan
 from scheduler.round.requestview import Placement, RequestView
 from scheduler.sim.types import Prediction
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -162,3 +165,18 @@ def harmless(draft: Draft, plan: Plan) -> bool:
         if pred.oom or harmed(draft, pred):
             return False
     return keeps_pace(draft, plan)
+
+
+def log_choice(draft: Draft, r: RequestView, best: Scored) -> None:
+    """At DEBUG: `slice`'s best candidate for a waiting request, what it expects and its
+    deadline (what a first token past its SLO was placed as). Logged each round the
+    request is placed, also when it then waits for a device its candidate uses."""
+    if not logger.isEnabledFor(logging.DEBUG):
+        return
+    now, plan = draft.view.now, best.plan
+    logger.debug("%s (%d prompt tokens, waited %.0f ms): %s in %d chunk(s), first token "
+                 "expected in %.0f ms, deadline in %s; deadlines missed %d",
+                 r.rid, r.num_tokens, 1000 * (now - r.arrival_s), "/".join(dict.fromkeys(
+                     plan.placement)), len(plan.chunks), 1000 * (best.first - now),
+                 "-" if r.ttft_deadline is None else f"{1000 * (r.ttft_deadline - now):.0f} ms",
+                 best.score[0])

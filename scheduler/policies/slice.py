@@ -22,7 +22,6 @@ never tried.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from functools import partial
 
@@ -49,6 +48,7 @@ from scheduler.policies.scoring import (
     Scored,
     grown_plan,
     harmless,
+    log_choice,
     prefilling,
     score,
     step_first,
@@ -61,8 +61,6 @@ from scheduler.round.view import RoundView
 from scheduler.sim.gmg import Snapshot
 from scheduler.sim.simulator import simulate
 from scheduler.sim.types import Candidate, Prediction
-
-logger = logging.getLogger(__name__)
 
 CHUNK_COUNTS = (2, 4)  # chunked-pipeline candidates
 MIN_PIPELINE_TOKENS = 128  # shorter prompts are not worth a split
@@ -180,7 +178,7 @@ class SlicePolicy:
             best = self._best(draft, r)
         if best is None:
             return False
-        _log_choice(draft, r, best)
+        log_choice(draft, r, best)
         placement = best.plan.placement
         if waits := held.intersection(placement):
             return min(waits)
@@ -392,21 +390,6 @@ def _pipelines(r: RequestView, placement: Placement, budget: int) -> Ladder:
         if todo >= k * MIN_PIPELINE_TOKENS // 2:
             out.append((placement, chunk_feeds(r, -(-todo // k), k)))
     return out
-
-
-def _log_choice(draft: Draft, r: RequestView, best: Scored) -> None:
-    """At DEBUG: the best candidate for a waiting request, what it expects and its deadline
-    (what a first token past its SLO was placed as). Logged each round the request is
-    placed, also when it then waits for a device its candidate uses."""
-    if not logger.isEnabledFor(logging.DEBUG):
-        return
-    now, plan = draft.view.now, best.plan
-    logger.debug("%s (%d prompt tokens, waited %.0f ms): %s in %d chunk(s), first token "
-                 "expected in %.0f ms, deadline in %s; deadlines missed %d",
-                 r.rid, r.num_tokens, 1000 * (now - r.arrival_s), "/".join(dict.fromkeys(
-                     plan.placement)), len(plan.chunks), 1000 * (best.first - now),
-                 "-" if r.ttft_deadline is None else f"{1000 * (r.ttft_deadline - now):.0f} ms",
-                 best.score[0])
 
 
 def _in_flight(view: RoundView) -> object:

@@ -267,7 +267,7 @@ def test_more_chunks_are_tried_while_the_first_token_comes_earlier_though_decode
 
 def test_a_placement_is_logged_at_debug_with_its_expected_first_token_and_deadline(
         caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.DEBUG, logger="scheduler.policies.slice")
+    caplog.set_level(logging.DEBUG, logger="scheduler.policies.scoring")
     view = make_view(waiting=[req("hp", Priority.HIGH, prompt=480, slo=0.5)])
     plan = next(p for p in SlicePolicy().schedule(view).plans if "hp" in p.rids)
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("hp ")]
