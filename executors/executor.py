@@ -21,7 +21,8 @@ from typing import Any
 
 from executors.dispatch import mark_issued, pick_next, scan_ready
 from executors.runner import RecvNotReady
-from executors.types import Device, OpInstance, OpState
+from executors.types import Device, OpInstance, OpRole, OpState
+from executors.wide import hold, threads_for
 from models.cpu import keep_threads
 
 RunOp = Callable[[OpInstance], Any]
@@ -196,6 +197,22 @@ class Executor:
         """Run `op` to completion and return its output (override point: CUDA streams)."""
         return self._run_op(op)
 
+    def _run_any(self, op: OpInstance) -> Any:
+        """A HOLD (`executors.wide`) sleeps until its wide chain ends (a claim ends at once).
+        Else `_run`, on both devices' threads while the op's partner is held for it."""
+        if op.role is OpRole.HOLD:
+            with self._cond:
+                hold(op, time.monotonic, lambda s: self._cond.wait(timeout=s))
+            return None
+        threads = threads_for(op, self._threads)
+        if threads == self._threads:
+            return self._run(op)
+        keep_threads(threads)
+        try:
+            return self._run(op)
+        finally:
+            keep_threads(self._threads)
+
     def _execute(self, op: OpInstance) -> None:
         op.start = time.monotonic()
         cpu0 = time.thread_time()
@@ -203,7 +220,7 @@ class Executor:
         try:
             if self._prepare(op):
                 op.start, cpu0 = time.monotonic(), time.thread_time()
-            op.output = self._run(op)
+            op.output = self._run_any(op)
             state = OpState.DONE
         except RecvNotReady:
             self._requeue_recv(op)

@@ -48,6 +48,9 @@ class OpRole(enum.Enum):
     COMPUTE = "compute"  # one operator of the model chain
     RECV = "recv"  # destination side of a transfer: allocates the buffer
     SEND = "send"  # source side: copies into the receiver's buffer
+    # a wide plan's partner device lending its core (`executors.wide`): a CLAIM-named op that
+    # ends at once, then one that holds the device until the plan's last op ends
+    HOLD = "hold"
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +117,9 @@ class OpInstance:
     input: OpInstance | None = None
     batch: BatchSource | None = None  # compute ops: this device's batch (tensors built lazily)
     peer: OpInstance | None = None  # SEND: its RECV (whose buffer it fills)
+    # a wide plan's compute op: the HOLD on its partner device; while that runs, the op runs
+    # on both devices' intra-op threads (`executors.wide`)
+    wide: OpInstance | None = None
     est_s: float = 0.0  # estimated duration
     mem_bytes: int = 0  # activation bytes held from start until consumers finish
     transfer_bytes: int = 0  # RECV/SEND: bytes moved

@@ -43,6 +43,7 @@ _OVERRIDES = {
     "policy": "scheduler.policy", "kv_cache_gib": "scheduler.kv_cache_gib",
     "swap_space_gib": "scheduler.swap_space_gib", "kv_admission": "scheduler.kv_admission",
     "prefix_cache": "scheduler.prefix_cache", "reprofile": "scheduler.reprofile",
+    "wide_prefill": "scheduler.wide_prefill",
     "max_queued_requests": "scheduler.max_queued_requests",
     "max_queued_tokens": "scheduler.max_queued_tokens",
     "max_low_wait_s": "scheduler.max_low_wait_s", "fault_rate": "scheduler.fault_rate",
@@ -129,6 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="time a device kind's ops again in the background when they drift "
                         "from their profile (default on; --no-reprofile: the online refit "
                         "alone follows the drift)")
+    s.add_argument("--wide-prefill", action=argparse.BooleanOptionalAction, default=None,
+                   help="let a long interactive prompt run its operators on the cores of two "
+                        "CPU devices of this host at once (default on; --no-wide-prefill: "
+                        "one device's threads per operator)")
     s.add_argument("--max-queued-requests", metavar="N|high=N,normal=N,low=N,total=N",
                    help="waiting requests per class and in all (beyond: shed, 503)")
     s.add_argument("--max-queued-tokens", metavar="N|high=N,normal=N,low=N,total=N",

@@ -7,6 +7,7 @@ scheduler runs here over their proxies. Ray is an optional dependency
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from executors.ray_actor import ActorSpec
@@ -34,7 +35,9 @@ def ray_scheduler(model: Model, config: GatewayConfig, cfg: SchedulerConfig,
     spec = ActorSpec(config.model.spec, config.model.dtype, model.template.layers_per_group,
                      "cpu:0", 1)
     remote = RayDevices.start(list(config.scheduler.devices), int(memory_gib * 2**30), spec)
-    sched = build_scheduler(model, remote.devices, cfg, executor_factory=remote.factory)
+    # NOTE: no wide plans: an actor's ops run on its own threads, which a hold cannot lend
+    sched = build_scheduler(model, remote.devices, dataclasses.replace(cfg, wide_prefill=False),
+                            executor_factory=remote.factory)
     est = sched.estimator
     for (src, dst), (sizes, seconds) in remote.profile_pairs().items():
         est.fit_transfer(src, dst, sizes, seconds)

@@ -164,6 +164,7 @@ class SchedulerSettings:
     kv_admission: str = "on-demand"  # or "full": reserve prompt + max_tokens at admission
     prefix_cache: bool = True  # share cached KV blocks of equal prompt prefixes
     reprofile: bool = True  # time drifted ops again in the background (scheduler/cost/reprofile)
+    wide_prefill: bool = True  # long interactive prompts may borrow another CPU device's cores
     # waiting-queue bounds (scheduler/core/admission.py): N (each class and the total) or
     # "high=N,normal=N,low=N,total=N" (any of them); None = the scheduler's defaults
     max_queued_requests: Any = None
@@ -212,6 +213,7 @@ class SchedulerSettings:
                  f"one of {', '.join(KV_ADMISSIONS)}")
         _require(isinstance(self.prefix_cache, bool), "scheduler.prefix_cache", "true or false")
         _require(isinstance(self.reprofile, bool), "scheduler.reprofile", "true or false")
+        _require(isinstance(self.wide_prefill, bool), "scheduler.wide_prefill", "true or false")
         _require(self.provisioning in PROVISIONING, "scheduler.provisioning",
                  f"one of {', '.join(PROVISIONING)}")
         _require(isinstance(self.provision_interval_s, int | float)

@@ -185,6 +185,7 @@ def scheduler_config(s: SchedulerSettings, max_model_len: int,
                           swap_space_bytes=int(s.swap_space_gib * 2**30),
                           kv_admission=s.kv_admission, max_low_wait_s=s.max_low_wait_s,
                           prefix_caching=s.prefix_cache, reprofile=s.reprofile,
+                          wide_prefill=s.wide_prefill,
                           provisioning=s.provisioning,
                           provision_interval_s=s.provision_interval_s,
                           lora_reserve_bytes=int(lora_reserve_gib * 2**30))

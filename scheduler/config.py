@@ -67,6 +67,9 @@ class SchedulerConfig:
     # a device kind whose ops drift from their profile is timed again in the background
     # (scheduler/cost/reprofile.py); False: the online refit alone follows the drift
     reprofile: bool = True
+    # a long interactive prompt may run its chain on one device with the cores of another
+    # of its host lent to it (`executors.wide`); False: one device's threads per op
+    wide_prefill: bool = True
     max_op_attempts: int = 2  # an op that fails is retried once, then its requests fail
     # NOTE: rounds that raise outside any request's decision are retried with a backoff;
     # after this many in a row, the requests not in flight end with a server error.

@@ -108,7 +108,19 @@ def build_scheduler(model: Model, devices: list[Device], cfg: SchedulerConfig,
                                   on_device=sched.exec.on_device,
                                   load=lambda: interactive_load(sched), chains=chains)
     est.on_drift = sched.profiler.request_kind if cfg.reprofile else None
+    if cfg.wide_prefill and est.wide_factor is not None:
+        sched.builder.wide_factor = est.wide_factor
+        sched.builder.partners = wide_partners(devices)
     return sched
+
+
+def wide_partners(devices: list[Device]) -> dict[str, tuple[str, ...]]:
+    """device -> the devices that may lend it their cores for a wide plan: the other CPU
+    devices of this host (`executors.wide`)."""
+    cpus = [d.name for d in devices if d.node is None and d.kind == "cpu"]
+    if len(cpus) < 2:
+        return {}
+    return {d: tuple(p for p in cpus if p != d) for d in cpus}
 
 
 def profiled(model: Model, devices: list[Device], threads: int

@@ -94,6 +94,9 @@ class Estimators:
         self.on_drift: Callable[[str], None] | None = None
         self.cache_file: Path | None = None  # the start-up fit's cache (re-profiles update it)
         self.native_rows = 1  # rows the native GEMV takes (fit_kind sets it): see OP_FEATURES
+        # a wide op's time over its time on one device's threads (`executors.wide`), as the
+        # profile measured it; None where not measured (fewer than two CPU devices here)
+        self.wide_factor: float | None = None
 
     # -- the simulator's hot path --------------------------------------------------------
     def op_time(self, device: Device | str, op_name: str, shape: BatchShape) -> float:
@@ -140,6 +143,10 @@ class Estimators:
         if op.state is not OpState.DONE or op.start is None or op.end is None:
             return None
         if op.role is OpRole.RECV or (op.role is OpRole.SEND and op.peer is None):
+            return None
+        if op.role is OpRole.HOLD or op.wide is not None:
+            # NOTE: a wide op ran on two devices' threads, not as its op on one: its time
+            # is not its estimator's to learn (a hold's is that of its chain)
             return None
         ov = self._overlaps
         if ov is None or not ov.shares(op.device):
@@ -371,7 +378,7 @@ class Estimators:
             "window": self.window, "refit_every": self.refit_every,
             "interference": self.interference.to_dict() if self.interference else None,
             "copy_bandwidth_bytes_s": self.copy_bandwidth_bytes_s,
-            "native_rows": self.native_rows,
+            "native_rows": self.native_rows, "wide_factor": self.wide_factor,
             "ops": [{"kind": k, "op": n, **e.to_dict()} for (k, n), e in self.ops.items()],
             "transfers": [{"src": s, "dst": d, **e.to_dict()}
                           for (s, d), e in self.transfers.items()],
@@ -388,6 +395,7 @@ class Estimators:
             est.set_interference(Interference.from_dict(d["interference"]))
         est.copy_bandwidth_bytes_s = d.get("copy_bandwidth_bytes_s")
         est.native_rows = d["native_rows"]
+        est.wide_factor = d.get("wide_factor")
         for o in d["ops"]:
             est.ops[(o["kind"], o["op"])] = LinearEstimator.from_dict(o)
         for t in d["transfers"]:

@@ -50,13 +50,15 @@ from scheduler.cost.oprunner import (
     copy_bandwidth,
     time_copies,
 )
+from scheduler.cost.wide import measure_wide
 
 logger = logging.getLogger(__name__)
 
 # NOTE: bump when the measuring method changes, so caches are refitted (2: co-location
 # slowdowns and each op's sample CoV are measured too; 3: each round runs the cases in a
-# shuffled order; 4: decode batches of 2, for the rows within the native GEMV)
-SWEEP_VERSION = 4
+# shuffled order; 4: decode batches of 2, for the rows within the native GEMV; 5: the wide
+# factor of scheduler/cost/wide.py)
+SWEEP_VERSION = 5
 FALLBACK_FLOPS_S = 20e9  # compute rate assumed for a device kind never profiled
 HOST = "local"  # the host of every cpu:N device (they share this machine's cores)
 
@@ -73,6 +75,8 @@ class Sweep:
     transfer_repeats: int = 21  # copies take microseconds and jitter: many runs are cheap
     block_size: int = 16
     colocation_repeats: int = 3  # rounds of the co-location sweep (0: do not measure)
+    wide_tokens: int = 384  # the prefill the wide factor is timed at (scheduler/cost/wide.py)
+    wide_repeats: int = 3  # its runs on one device's threads and on two (0: do not measure)
 
     def cases(self) -> list[Case]:
         out: list[Case] = [((n,), (0,)) for n in self.prefill_tokens]
@@ -136,12 +140,14 @@ def profile(model: Model, devices: Sequence[Device | str], sweep: Sweep | None =
             est.fit_transfer(ks, kd, *profile_pair(model, s, d, sweep, clock))
         est.copy_bandwidth_bytes_s = copy_bandwidth()
         est.set_interference(colocation(model, names, sweep, threads, clock))
+        est.wide_factor = wide_factor(model, names, sweep, threads, clock)
     with startup_step(logger, f"profiling the operators of {model.name} on {', '.join(names)}",
                       "once per model and devices; the fit is cached") as step:
         in_own_thread(threads, run)
-        step.result = "sample CoV per op: {}; co-location: {}".format(
+        step.result = "sample CoV per op: {}; co-location: {}; wide factor: {}".format(
             ", ".join(f"{e.name} {e.sample_cov:.1%}" for e in est.ops.values()
-                      if e.sample_cov is not None), est.interference)
+                      if e.sample_cov is not None), est.interference,
+            "-" if est.wide_factor is None else f"{est.wide_factor:.2f}")
     return est
 
 
@@ -181,6 +187,16 @@ def colocation(model: Model, names: Sequence[str], sweep: Sweep, threads: int = 
     factors = profile_colocation(model, Device(next(iter(hosts)), 1).torch_device, threads,
                                  sweep.colocation_repeats, clock)
     return Interference(hosts, factors)
+
+
+def wide_factor(model: Model, names: Sequence[str], sweep: Sweep, threads: int = 1,
+                clock: Clock = time.perf_counter) -> float | None:
+    """A wide op's time over its time on one device (None with fewer than two CPU devices
+    on this host, or where the sweep does not measure it)."""
+    if len(cpu_hosts(names)) < 2 or sweep.wide_repeats < 1:
+        return None
+    return measure_wide(model, sweep.wide_tokens, threads, sweep.wide_repeats, clock,
+                        sweep.block_size)
 
 
 def profile_pair(model: Model, src: str, dst: str, sweep: Sweep | None = None,

@@ -31,12 +31,12 @@ class Scored:
         return self.score[0], self.first
 
 
-def score(draft: Draft, r: RequestView, placement: Placement, chunks: list[list[Feed]]
-          ) -> Scored | None:
+def score(draft: Draft, r: RequestView, placement: Placement, chunks: list[list[Feed]],
+          wide: str | None = None) -> Scored | None:
     """A candidate for `r` built, simulated and scored: (deadlines missed, its own and
     those of requests placed before it that it alone would make miss; expected first token
-    + `decode_delay`). None if it runs out of memory."""
-    plan = draft.view.builder.build(Plan(r.priority, placement, chunks))
+    + `decode_delay`). None if it runs out of memory. `wide`: a wide plan's partner."""
+    plan = draft.view.builder.build(Plan(r.priority, placement, chunks, wide=wide))
     pred = draft.simulate(plan)
     if pred.oom:
         return None
@@ -106,7 +106,7 @@ def decode_delay(draft: Draft, plan: Plan, pred: Prediction) -> float:
 def expected(draft: Draft, plan: Plan, first: float) -> float:
     """A predicted first token `first` of `plan`, its wait scaled by the measured / predicted
     ratio of plans of its placement kind (scheduler/round/calibration.py)."""
-    kind = kind_of(plan.placement, len(plan.chunks))
+    kind = kind_of(plan.placement, len(plan.chunks), plan.wide is not None)
     now = draft.view.now
     return now + (first - now) * draft.view.first_token_factors.get(kind, 1.0)
 
@@ -177,6 +177,7 @@ def log_choice(draft: Draft, r: RequestView, best: Scored) -> None:
     logger.debug("%s (%d prompt tokens, waited %.0f ms): %s in %d chunk(s), first token "
                  "expected in %.0f ms, deadline in %s; deadlines missed %d",
                  r.rid, r.num_tokens, 1000 * (now - r.arrival_s), "/".join(dict.fromkeys(
-                     plan.placement)), len(plan.chunks), 1000 * (best.first - now),
+                     plan.placement)) + (f" with {plan.wide}'s cores" if plan.wide else ""),
+                 len(plan.chunks), 1000 * (best.first - now),
                  "-" if r.ttft_deadline is None else f"{1000 * (r.ttft_deadline - now):.0f} ms",
                  best.score[0])

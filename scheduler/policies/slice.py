@@ -33,8 +33,14 @@ from scheduler.policies.burst import (
     burst_schedule,
     in_burst_order,
 )
+from scheduler.policies.candidates import (
+    MIN_PIPELINE_TOKENS,
+    Ladder,
+    batches,
+    pipelines,
+    wide_candidates,
+)
 from scheduler.policies.common import (
-    chunk_feeds,
     decode_plans,
     issue_plan,
     placements,
@@ -61,10 +67,6 @@ from scheduler.round.view import RoundView
 from scheduler.sim.gmg import Snapshot
 from scheduler.sim.simulator import simulate
 from scheduler.sim.types import Candidate, Prediction
-
-CHUNK_COUNTS = (2, 4)  # chunked-pipeline candidates
-MIN_PIPELINE_TOKENS = 128  # shorter prompts are not worth a split
-
 
 Simulate = Callable[[Snapshot, Candidate | None], Prediction]  # the what-if simulator
 
@@ -180,7 +182,7 @@ class SlicePolicy:
             return False
         log_choice(draft, r, best)
         placement = best.plan.placement
-        if waits := held.intersection(placement):
+        if waits := held.intersection(best.plan.devices):
             return min(waits)
         if step_first(draft, r, best.plan):
             return placement[0]
@@ -200,7 +202,7 @@ class SlicePolicy:
         plan = best.plan
         placement, prio = plan.placement, r.priority
         device = placement[0]
-        if (len(set(placement)) != 1 or len(plan.chunks) != 1 or not later
+        if (len(set(placement)) != 1 or len(plan.chunks) != 1 or not later or plan.wide
                 or not all(prefilling(draft, d, prio) for d in draft.view.devices
                            if d != device)):
             return plan, []
@@ -245,7 +247,8 @@ class SlicePolicy:
         if not riders:
             return plan
         feeds = [*plan.chunks[0], *(Feed(q, q.num_computed, 1) for q in riders)]
-        return grown_plan(draft, Plan(plan.priority, placement, [feeds]), best, members) or plan
+        grown = Plan(plan.priority, placement, [feeds], wide=plan.wide)
+        return grown_plan(draft, grown, best, members) or plan
 
     def _best(self, draft: Draft, r: RequestView, spread: Spread | None = None
               ) -> Scored | None:
@@ -277,6 +280,12 @@ class SlicePolicy:
                 last = scored
                 if best is None or scored.score < best.score:
                     best = scored
+        if spread is Spread.ONE:
+            return best  # NOTE: a wide plan occupies two devices, as a split does
+        for placement, chunks, partner in wide_candidates(draft, r):
+            scored = score(draft, r, placement, chunks, partner)
+            if scored is not None and (best is None or scored.score < best.score):
+                best = scored
         return best
 
     def _candidates(self, draft: Draft, r: RequestView) -> list[Ladder]:
@@ -296,7 +305,7 @@ class SlicePolicy:
         # (after the cached context), so the simulation weighs the hit against that device's
         # load: the longest cached prefix wins unless its device is busier by more.
         composed = placements(view, draft.load)
-        out: list[Ladder] = [[(p, _batches(draft.on(r, p), budget))] for p in composed]
+        out: list[Ladder] = [[(p, batches(draft.on(r, p), budget))] for p in composed]
         todo = min(budget, r.num_tokens - r.num_computed)
         if len(view.devices) < 2 or todo < MIN_PIPELINE_TOKENS or r.cached:
             # NOTE: a cached prefix serves only a placement on the one device holding it
@@ -307,7 +316,7 @@ class SlicePolicy:
         # chunked pipeline: a chunk's later operators overlap the next chunk's earlier ones
         for ladder in out:
             if len(set(ladder[0][0])) > 1:
-                ladder += _pipelines(r, ladder[0][0], budget)
+                ladder += pipelines(r, ladder[0][0], budget)
         a, b = sorted(view.devices, key=lambda d: (draft.load(d), d))[:2]
         at = 1 + (n - 2) // 2  # embed + first half of the layer groups
         for first, second in ((a, b), (b, a)):
@@ -315,10 +324,10 @@ class SlicePolicy:
             if not view.allows(placement):
                 continue  # NOTE: with replicas, `placements` composes the splits they allow
             # NOTE: a prompt longer than a batch is fed whole: after a plan of its first
-            # batch the rest waits for the low ops that start in the gap (see `_batches`)
+            # batch the rest waits for the low ops that start in the gap (see `batches`)
             whole = r.num_tokens - r.num_computed > budget
             out.append([*([] if whole else [(placement, [[prefill_feed(r, budget)]])]),
-                        *_pipelines(r, placement, budget)])
+                        *pipelines(r, placement, budget)])
         return out
 
     # -- decode ------------------------------------------------------------------------------
@@ -357,39 +366,6 @@ class SlicePolicy:
             draft.hold_back()
 
     # -- low ---------------------------------------------------------------------------------
-
-
-Ladder = list[tuple[Placement, list[list[Feed]]]]  # candidates, each with more chunks
-
-
-def _batches(r: RequestView, budget: int) -> list[list[Feed]]:
-    """The rest of `r`'s prompt in one plan: one chunk, or up to `max(CHUNK_COUNTS)` chunks
-    of `budget` tokens when it is longer than one batch.
-
-    NOTE: plans of one request run one after another; between two, the device starts a
-    low op queued there before the round issues the next, and the prompt waits for it.
-    Chunks of one plan on one device follow each other with no such gap."""
-    left = r.num_tokens - r.num_computed
-    if left <= budget:
-        return [[prefill_feed(r, budget)]]
-    return chunk_feeds(r, budget, min(max(CHUNK_COUNTS), -(-left // budget)))
-
-
-def _pipelines(r: RequestView, placement: Placement, budget: int) -> Ladder:
-    """`placement` as chunked pipelines of the rest of `r`'s prompt, by increasing chunk
-    count, each chunk at most `budget` tokens.
-
-    NOTE: a prompt longer than one batch (`max_batch_tokens`) is pipelined whole, not one
-    batch at a time: plans of one request run one after another (the next is issued when
-    one ends), so a split would leave its first device idle while the second runs the
-    first batch's later layers; in one plan, the next chunk's early layers overlap them."""
-    left = r.num_tokens - r.num_computed
-    out: Ladder = []
-    for k in CHUNK_COUNTS:
-        todo = min(left, k * budget)
-        if todo >= k * MIN_PIPELINE_TOKENS // 2:
-            out.append((placement, chunk_feeds(r, -(-todo // k), k)))
-    return out
 
 
 def _in_flight(view: RoundView) -> object:

@@ -27,8 +27,8 @@ from scheduler.round.requestview import Placement
 
 logger = logging.getLogger(__name__)
 
-ONE_DEVICE, SPLIT, PIPELINE = "one device", "split", "pipeline"
-KINDS = (ONE_DEVICE, SPLIT, PIPELINE)
+ONE_DEVICE, SPLIT, PIPELINE, WIDE = "one device", "split", "pipeline", "wide"
+KINDS = (ONE_DEVICE, SPLIT, PIPELINE, WIDE)
 WINDOW = 32  # plans per kind whose ratios are kept
 MIN_SAMPLES = 4  # ratios a kind needs before its median is used
 MIN_WAIT_S = 0.005  # shorter predicted waits are not scored (a ratio of noise)
@@ -37,10 +37,11 @@ FACTOR_RANGE = (0.25, 4.0)  # a median outside is clamped (a stall is not the mo
 LOG_CHANGE = 0.1  # a factor is logged (DEBUG) when first used and when it moves this much since
 
 
-def kind_of(placement: Placement, num_chunks: int) -> str:
-    """One device; a split over several; or a chunked pipeline over several."""
+def kind_of(placement: Placement, num_chunks: int, wide: bool = False) -> str:
+    """One device; one device with another's cores lent to it (`executors.wide`); a split
+    over several; or a chunked pipeline over several."""
     if len(set(placement)) == 1:
-        return ONE_DEVICE
+        return WIDE if wide else ONE_DEVICE
     return PIPELINE if num_chunks > 1 else SPLIT
 
 
@@ -70,8 +71,8 @@ class FirstTokenCalibration:
             return
         rid = plan.chunks[0][0].rid
         self._pending.pop(rid, None)
-        self._pending[rid] = _Pending(kind_of(plan.placement, len(plan.chunks)), now,
-                                      predicted - now)
+        kind = kind_of(plan.placement, len(plan.chunks), plan.wide is not None)
+        self._pending[rid] = _Pending(kind, now, predicted - now)
         while len(self._pending) > MAX_PENDING:
             self._pending.popitem(last=False)
 

@@ -76,11 +76,18 @@ class Plan:
     group_size: int | None = None
     candidate: Candidate | None = field(default=None, repr=False)  # its simulator records
     cancelled: bool = False  # its only request was aborted; queued ops were withdrawn
+    # a wide plan (`executors.wide`): the device whose core its one-device chain borrows
+    wide: str | None = None
 
     @property
     def rids(self) -> tuple[str, ...]:
         """Its requests, each once, in feed order."""
         return tuple(dict.fromkeys(f.rid for chunk in self.chunks for f in chunk))
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """The devices it occupies: its placement's, and a wide plan's partner."""
+        return tuple(dict.fromkeys((*self.placement, *([self.wide] if self.wide else []))))
 
     @property
     def is_prefill(self) -> bool:
@@ -109,6 +116,10 @@ class Builder:
     op_time: OpTime
     xfer_time: XferTime
     first_rows: FirstRows | None = None  # charges first runs at new row counts (CPU)
+    # a wide op's time over its time on one device's threads (`executors.wide`, profiled);
+    # None: wide plans are not offered
+    wide_factor: float | None = None
+    partners: dict[str, tuple[str, ...]] = field(default_factory=dict)  # device -> lenders
     ids: itertools.count = field(default_factory=itertools.count)
     _bases: dict[int, int] = field(default_factory=dict)  # variant op -> its chain op
 
@@ -146,6 +157,8 @@ class Builder:
         charged: set[int] = set()  # row counts whose first run this plan already carries
         for chunk in plan.chunks:
             prev_chunk = self._chunk(plan, chunk, prev_chunk, charged)
+        if plan.wide is not None:
+            self._widen(plan, plan.wide)
         plan.first_tokens = {}
         for chunk, final in zip(plan.chunks, plan.finals, strict=True):
             rids = tuple(f.rid for f in chunk if f.first_token)
@@ -175,6 +188,8 @@ class Builder:
                 deps.append(prev_chunk[t.index])  # this chunk's attention reads that KV
             op.deps = tuple(deps)
             op.est_s = self.op_time(dev, t.name, shape)
+            if plan.wide is not None:
+                op.est_s *= self.wide_factor or 1.0
             if t.kind is OpKind.LAYERS and self.first_rows is not None:
                 op.est_s += self.first_rows.charge(dev, shape, op.est_s, charged)
             op.mem_bytes = t.activation_bytes(shape)
@@ -183,6 +198,26 @@ class Builder:
         plan.chunk_ops.append(list(mine.values()))
         plan.finals.append(prev)
         return mine
+
+
+    def _widen(self, plan: Plan, partner: str) -> None:
+        """A wide plan's claim and hold on `partner` (first in `plan.ops`): the chain starts
+        after the claim, and each of its ops runs on both devices' threads until the hold,
+        estimated as long as the whole chain, ends (`executors.wide`)."""
+        if len(set(plan.placement)) != 1 or partner in plan.placement:
+            raise ValueError(f"a wide plan runs on one device and borrows another: "
+                             f"{plan.placement[0]} and {partner}")
+        compute = [op for ops in plan.chunk_ops for op in ops]
+        shape, rids = compute[0].shape, plan.rids
+        n = len(plan.ops)
+        claim = self._op(plan, OpRole.HOLD, -1, "claim", partner, shape, rids)
+        held = self._op(plan, OpRole.HOLD, -1, "hold", partner, shape, rids)
+        held.deps, held.input = (claim,), plan.finals[-1]
+        held.est_s = sum(op.est_s for op in compute)
+        plan.ops[:] = [claim, held, *plan.ops[:n]]
+        compute[0].deps = (*compute[0].deps, claim)
+        for op in compute:
+            op.wide = held
 
 
 def by_model(chunk: list[Feed]) -> list[list[Feed]]:

@@ -57,6 +57,15 @@ async def test_reprofile_flag() -> None:
         load_config(None, {"scheduler.reprofile": "off"})
 
 
+async def test_wide_prefill_flag() -> None:
+    on = config_from_args(build_parser().parse_args(["serve"]))
+    off = config_from_args(build_parser().parse_args(["serve", "--no-wide-prefill"]))
+    assert scheduler_config(on.scheduler, 512).wide_prefill
+    assert not scheduler_config(off.scheduler, 512).wide_prefill
+    with pytest.raises(ConfigError, match="scheduler.wide_prefill"):
+        load_config(None, {"scheduler.wide_prefill": "yes"})
+
+
 async def test_yaml_file_then_cli_overrides(tmp_path: Path) -> None:
     tenants = tmp_path / "tenants.yaml"
     tenants.write_text(TENANTS_YAML)

@@ -10,7 +10,13 @@ import pytest
 from models.loader import load
 from scheduler.config import SchedulerConfig
 from scheduler.cost.profiling import Sweep, load_or_profile
-from scheduler.factory import build_scheduler, default_devices, device_names, parse_devices
+from scheduler.factory import (
+    build_scheduler,
+    default_devices,
+    device_names,
+    parse_devices,
+    wide_partners,
+)
 from scheduler.sim import native as simloop
 
 
@@ -63,3 +69,20 @@ def test_drift_re_profiles_a_kind_unless_turned_off(
     off = build_scheduler(model, devices, SchedulerConfig(policy="slice", reprofile=False),
                           load_or_profile(model, ["cpu:0"], tmp_path, sweep))
     assert off.estimator is not None and off.estimator.on_drift is None
+
+
+def test_wide_plans_are_offered_on_two_cpu_devices_with_a_profiled_factor_unless_off(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    model = load(tiny_model_dir, dtype="float32")
+    sweep = Sweep(prefill_tokens=(4, 64), chunks=((32, 64),), decode_batches=(1,),
+                  decode_contexts=(8,), transfer_tokens=(1, 8), repeats=1, wide_tokens=64,
+                  wide_repeats=1)
+    est = load_or_profile(model, ["cpu:0", "cpu:1"], tmp_path, sweep)
+    devices = parse_devices("cpu:0,cpu:1", 0.25)
+    on = build_scheduler(model, devices, SchedulerConfig(policy="slice"), est)
+    assert on.builder.wide_factor == est.wide_factor is not None
+    assert on.builder.partners == {"cpu:0": ("cpu:1",), "cpu:1": ("cpu:0",)}
+    off = build_scheduler(model, devices, SchedulerConfig(policy="slice", wide_prefill=False),
+                          est)
+    assert off.builder.wide_factor is None and not off.builder.partners
+    assert wide_partners(parse_devices("cpu:0", 0.25)) == {}

@@ -12,6 +12,7 @@ from scheduler.round.calibration import (
     ONE_DEVICE,
     PIPELINE,
     SPLIT,
+    WIDE,
     FirstTokenCalibration,
     kind_of,
 )
@@ -33,6 +34,16 @@ def test_kinds_of_placement() -> None:
     assert kind_of(("a", "a", "a"), 3) == ONE_DEVICE
     assert kind_of(("a", "b", "b"), 1) == SPLIT
     assert kind_of(("a", "b", "b"), 2) == PIPELINE
+    assert kind_of(("a", "a", "a"), 1, wide=True) == WIDE
+
+
+def test_a_wide_plan_is_scored_apart_from_one_device_plans() -> None:
+    cal = FirstTokenCalibration(min_samples=1)
+    wide = _plan("w", ("a", "a", "a"), 0.1)
+    wide.wide = "b"
+    cal.issued(wide, 0.0)
+    cal.first_token("w", 0.2)
+    assert cal.factors() == {WIDE: 2.0}
 
 
 def test_the_factor_is_the_median_ratio_once_enough_plans_ended(
