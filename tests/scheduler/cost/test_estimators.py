@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from pathlib import Path
 
@@ -344,19 +343,6 @@ def _fitted(coef: tuple[float, ...], rows: int) -> tuple[list[BatchShape], list[
               *(_step(b, b, b, c) for b in (1, 2) for c in (32, 256))]
     return shapes, [sum(c * x for c, x in zip(coef, op_features(s, rows), strict=True))
                     for s in shapes]
-
-
-def test_the_wide_factor_is_timed_on_two_cpu_devices_and_cached(
-        tiny_model_dir: Path, tmp_path: Path) -> None:
-    model = load(tiny_model_dir, dtype="float32", layers_per_group=2)
-    wide = dataclasses.replace(SMALL, wide_tokens=64, wide_repeats=2)
-    two = load_or_profile(model, ["cpu:0", "cpu:1"], tmp_path, wide)
-    assert two.wide_factor is not None and 0.1 < two.wide_factor < 10
-    back = load_or_profile(model, ["cpu:0", "cpu:1"], tmp_path, wide)
-    assert back.wide_factor == two.wide_factor
-    assert load_or_profile(model, ["cpu:0"], tmp_path, wide).wide_factor is None
-    off = dataclasses.replace(wide, wide_repeats=0)
-    assert load_or_profile(model, ["cpu:0", "cpu:1"], tmp_path, off).wide_factor is None
 
 
 def test_a_wide_op_and_a_hold_teach_no_estimator() -> None:
