@@ -28,6 +28,9 @@ unless the cluster has an `Interference` model (below). The rules, which
   executor order: if the classes running there changed, every op whose slowdown
   changed gets a new completion event (settled to `now`); otherwise only the ops
   started since. A replaced event is skipped when popped.
+- **Holds.** A wide plan's claim and hold (`executors.wide`) take their `est_s` as any
+  op, and `run_op` is not called for them; a real executor ends a hold when its chain
+  ends, which is when its estimate says it would.
 - **Faults and Recv retries.** The optional `run_op(op)` hook runs when the op
   starts. `RecvNotReady` puts the op back with `ready_at = now + recv_retry_s`
   and the executor picks again at once; any other exception fails the op, which
@@ -49,7 +52,7 @@ from typing import Any
 from executors.dispatch import mark_issued, pick_next, scan_ready
 from executors.interference import Interference, finish_at, settle
 from executors.runner import RecvNotReady
-from executors.types import Device, OpInstance, OpState
+from executors.types import Device, OpInstance, OpRole, OpState
 
 RunOp = Callable[[OpInstance], Any]
 OnDone = Callable[[OpInstance], None]
@@ -129,7 +132,9 @@ class FakeExecutor:
             op.state, op.start = OpState.RUNNING, now
             op.attempts += 1
             try:
-                out, err = (self._run_op(op) if self._run_op else None), None
+                # NOTE: a HOLD (executors/wide.py) runs nothing: here it takes its est_s
+                run = self._run_op if op.role is not OpRole.HOLD else None
+                out, err = (run(op) if run else None), None
             except RecvNotReady:  # back in the queue; others may run meanwhile
                 op.state, op.start = OpState.ISSUED, None
                 op.ready_at = now + self._cluster.recv_retry_s

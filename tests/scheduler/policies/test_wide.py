@@ -4,14 +4,18 @@ earliest (hand-built views; the simulator runs the claim and the hold as any op)
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from executors.types import OpRole, Priority
+from scheduler.api import FinishReason
 from scheduler.policies import make_policy
 from scheduler.round.plan import Feed, Plan, to_candidate
 from scheduler.round.view import RoundView
 from scheduler.sim.gmg import SimOp
 from scheduler.sim.simulator import simulate
+from tests.scheduler.cluster import ClusterRun
 from tests.scheduler.views import make_view, req, single
 
 PARTNERS = {"cpu:0": ("cpu:1",), "cpu:1": ("cpu:0",)}
@@ -71,3 +75,45 @@ def test_a_short_prompt_never_goes_wide() -> None:
     hp = req("hp", Priority.HIGH, prompt=200, slo=10.0)
     (plan,) = make_policy("slice").schedule(_wide_view(0.3, waiting=[hp])).plans
     assert plan.wide is None
+
+
+def _widen(run: ClusterRun, factor: float) -> None:
+    run.sched.builder.wide_factor = factor
+    run.sched.builder.partners = dict(PARTNERS)
+
+
+async def test_a_wide_prefill_runs_end_to_end_and_frees_its_partner() -> None:
+    firsts = {}
+    for factor in (None, 0.5):
+        async with ClusterRun("slice") as run:
+            if factor is not None:
+                _widen(run, factor)
+            hp = run.submit("hp", Priority.HIGH, 480, 4, slo_s=1.0)
+            await run.run_until(0.001)
+            low = run.submit("low", Priority.LOW, 100, 4)
+            await run.run_out()
+        assert hp.finish is FinishReason.LENGTH and low.finish is FinishReason.LENGTH
+        assert run.sched.kv.used_blocks() == 0 and not run.sched.gmg.scheduled
+        wide = [op for op in run.ops if op.wide is not None]
+        assert bool(wide) == (factor is not None)
+        assert all(op.device == wide[0].device for op in wide)
+        assert hp.first_token_at is not None
+        firsts[factor] = hp.first_token_at
+    assert firsts[0.5] < firsts[None]
+
+
+async def test_a_mixed_workload_with_wide_plans_completes_and_returns_its_kv() -> None:
+    async with ClusterRun("slice") as run:
+        _widen(run, 0.6)
+        rng = random.Random(3)
+        t = 0.0
+        for i in range(30):
+            prio = rng.choice(list(Priority))
+            run.submit(f"r{i}", prio, rng.randint(2, 500), rng.randint(1, 12),
+                       slo_s=0.5 if prio is Priority.HIGH else None)
+            t += rng.expovariate(40.0)
+            await run.run_until(t)
+        await run.run_out()
+    assert all(o.finish is FinishReason.LENGTH for o in run.outcomes.values())
+    assert run.sched.kv.used_blocks() == 0 and not run.sched.states
+    assert any(op.wide is not None for op in run.ops)
