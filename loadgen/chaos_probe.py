@@ -56,8 +56,17 @@ async def shed_counts(client: httpx.AsyncClient) -> dict[str, float]:
 
 async def server_slo_attainment(client: httpx.AsyncClient) -> dict[str, float]:
     """`slicegate_slo_attainment` per class: TTFT from HTTP arrival, measured by the server."""
-    return {labels.get("priority", "?"): value for labels, value in
-            metric_samples((await client.get("/metrics")).text, "slicegate_slo_attainment")}
+    return slo_by_class(metric_samples((await client.get("/metrics")).text,
+                                       "slicegate_slo_attainment"))
+
+
+def slo_by_class(samples: list[tuple[dict[str, str], float]]) -> dict[str, float]:
+    """Attainment per class (`high`); with several models, per model and class (`NAME/high`)
+    so that no model's series hides another's."""
+    models = {labels.get("model_name", "") for labels, _ in samples}
+    return {(labels.get("priority", "?") if len(models) < 2 else
+             f"{labels.get('model_name', '')}/{labels.get('priority', '?')}"): value
+            for labels, value in samples}
 
 
 async def jain(client: httpx.AsyncClient) -> dict[str, float]:
