@@ -13,6 +13,10 @@ MIN_PIPELINE_TOKENS = 128  # shorter prompts are not worth a split
 # NOTE: shorter prompts split too thinly over more threads for the profiled wide factor
 # (timed at 384 tokens, scheduler/cost/wide.py) to price them
 WIDE_MIN_TOKENS = 256
+# NOTE: a wide plan takes two devices' time (about 1.25x one device's on 2 cores) and keeps
+# the next arrival off both: it is offered only where the other candidates' first token
+# misses the deadline or comes within this share of the SLO before it
+WIDE_MARGIN = 0.2
 
 
 Ladder = list[tuple[Placement, list[list[Feed]]]]  # candidates, each with more chunks
@@ -48,13 +52,24 @@ def pipelines(r: RequestView, placement: Placement, budget: int) -> Ladder:
     return out
 
 
-def wide_candidates(draft: Draft, r: RequestView) -> list[tuple[Placement, list[list[Feed]], str]]:
-    """Wide candidates for `r` (`executors.wide`): the rest of its prompt on one device that
-    may admit it, with the least-loaded device lending its cores; none for prompts shorter
-    than `WIDE_MIN_TOKENS`, or where the profile did not time the wide factor."""
+Wide = tuple[Placement, list[list[Feed]], str]  # a wide candidate and its partner device
+
+
+def wide_candidates(draft: Draft, r: RequestView, missed: int, first: float | None
+                    ) -> list[Wide]:
+    """Wide candidates for `r` (`executors.wide`), given the best other candidate's deadlines
+    `missed` and expected `first` token (None: none fits): the rest of its prompt on one
+    device that may admit it, with the least-loaded device lending its cores. None for a
+    request without a TTFT deadline, one whose other candidates keep it with room
+    (`WIDE_MARGIN`), a prompt shorter than `WIDE_MIN_TOKENS`, or where the profile did not
+    time the wide factor."""
     view = draft.view
     builder, budget = view.builder, view.cfg.max_batch_tokens
-    if builder.wide_factor is None or r.num_tokens - r.num_computed < WIDE_MIN_TOKENS:
+    if (builder.wide_factor is None or r.num_tokens - r.num_computed < WIDE_MIN_TOKENS
+            or r.ttft_deadline is None or r.ttft_slo_s is None):
+        return []
+    if first is not None and not missed and \
+            first <= r.ttft_deadline - WIDE_MARGIN * r.ttft_slo_s:
         return []
     out = []
     for p in placements(view, draft.load):

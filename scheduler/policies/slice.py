@@ -282,7 +282,8 @@ class SlicePolicy:
                     best = scored
         if spread is Spread.ONE:
             return best  # NOTE: a wide plan occupies two devices, as a split does
-        for placement, chunks, partner in wide_candidates(draft, r):
+        missed, first = (0, None) if best is None else (best.score[0], best.first)
+        for placement, chunks, partner in wide_candidates(draft, r, missed, first):
             scored = score(draft, r, placement, chunks, partner)
             if scored is not None and (best is None or scored.score < best.score):
                 best = scored

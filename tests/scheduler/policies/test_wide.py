@@ -59,10 +59,19 @@ def test_a_wide_chain_waits_for_its_partner_to_finish_what_it_runs() -> None:
 
 
 def test_a_long_urgent_prompt_goes_wide_when_that_brings_its_first_token_earliest() -> None:
-    hp = req("hp", Priority.HIGH, prompt=480, slo=10.0)
+    # the chunked pipeline over both devices: first token at 0.195 s
+    hp = req("hp", Priority.HIGH, prompt=480, slo=0.2)
     (plan,) = make_policy("slice").schedule(_wide_view(0.5, waiting=[hp])).plans
     assert plan.wide == "cpu:1" and len(set(plan.placement)) == 1
     assert plan.placement == single("cpu:0")
+    # a deadline the pipeline keeps with room: the pipeline, though a wide plan is earlier
+    roomy = req("hp", Priority.HIGH, prompt=480, slo=10.0)
+    (plan,) = make_policy("slice").schedule(_wide_view(0.5, waiting=[roomy])).plans
+    assert plan.wide is None and len(set(plan.placement)) == 2
+    # no deadline at all: never wide
+    (plan,) = make_policy("slice").schedule(_wide_view(0.5, waiting=[
+        req("n", Priority.NORMAL, prompt=480)])).plans
+    assert plan.wide is None
     # not profiled (one device, or Ray): the chunked pipeline over both, as before
     (plan,) = make_policy("slice").schedule(_wide_view(None, waiting=[hp])).plans
     assert plan.wide is None and len(set(plan.placement)) == 2
@@ -72,7 +81,7 @@ def test_a_long_urgent_prompt_goes_wide_when_that_brings_its_first_token_earlies
 
 
 def test_a_short_prompt_never_goes_wide() -> None:
-    hp = req("hp", Priority.HIGH, prompt=200, slo=10.0)
+    hp = req("hp", Priority.HIGH, prompt=200, slo=0.05)
     (plan,) = make_policy("slice").schedule(_wide_view(0.3, waiting=[hp])).plans
     assert plan.wide is None
 
@@ -88,7 +97,7 @@ async def test_a_wide_prefill_runs_end_to_end_and_frees_its_partner() -> None:
         async with ClusterRun("slice") as run:
             if factor is not None:
                 _widen(run, factor)
-            hp = run.submit("hp", Priority.HIGH, 480, 4, slo_s=1.0)
+            hp = run.submit("hp", Priority.HIGH, 480, 4, slo_s=0.2)
             await run.run_until(0.001)
             low = run.submit("low", Priority.LOW, 100, 4)
             await run.run_out()
@@ -110,7 +119,7 @@ async def test_a_mixed_workload_with_wide_plans_completes_and_returns_its_kv() -
         for i in range(30):
             prio = rng.choice(list(Priority))
             run.submit(f"r{i}", prio, rng.randint(2, 500), rng.randint(1, 12),
-                       slo_s=0.5 if prio is Priority.HIGH else None)
+                       slo_s=0.15 if prio is Priority.HIGH else None)
             t += rng.expovariate(40.0)
             await run.run_until(t)
         await run.run_out()
