@@ -3,6 +3,8 @@ on its own devices, as whole chains, within one memory budget per device."""
 
 from __future__ import annotations
 
+import pytest
+
 from executors.types import OpRole, Priority
 from models.modelset import ModelSet, model_set
 from scheduler.config import SchedulerConfig
@@ -94,3 +96,18 @@ async def test_the_provisioner_replicates_the_busy_model_on_its_devices_only() -
     ran = {op.device for op in run.ops[late:] if op.role is OpRole.COMPUTE}
     assert "cpu:3" in ran and not ran & {"cpu:0", "cpu:1"}
     assert {op.device for op in run.ops if op.name.startswith("chat/")} == {"cpu:0"}
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority", "static", "slice"])
+async def test_every_policy_runs_each_model_where_its_chain_is(policy: str) -> None:
+    cfg = SchedulerConfig(policy=policy, max_model_len=1024, max_batch_tokens=512,
+                          provisioning="opscale", provision_interval_s=3600)
+    async with ClusterRun(policy, devices=4, model=two_models(), cfg=cfg) as run:
+        outs = [run.submit(f"c{i}", Priority.HIGH, 30, 3, slo_s=0.5, model="chat")
+                for i in range(2)]
+        outs += [run.submit(f"b{i}", Priority.LOW, 100, 3, model="batch") for i in range(3)]
+        await run.run_out()
+    assert all(len(o.tokens) == 3 and o.error is None for o in outs)
+    devices = {name: {op.device for op in run.ops if op.role is OpRole.COMPUTE
+                      and op.name.startswith(f"{name}/")} for name in ("chat", "batch")}
+    assert devices == {"chat": {"cpu:0"}, "batch": {"cpu:2"}}  # no replica elsewhere yet
