@@ -47,7 +47,8 @@ def create_app(config: GatewayConfig, engine: Engine | None = None) -> FastAPI:
     engine = engine if engine is not None else build_engine(config)
     metrics = GatewayMetrics(engine.served_model_name)
     tenants = TenantRegistry(config.tenants, config.tenants_file)
-    tenants.on_swap(lambda current: metrics.set_tenants(current.tenants))
+    tenants.on_swap(lambda current: metrics.set_tenants(current.tenants
+                                                        or (current.default_tenant,)))
     budgets = BudgetLedger(lambda: tenants.current.tenants or (tenants.current.default_tenant,))
     metrics.registry.register(budgets)
     batches = BatchService(config.batch)

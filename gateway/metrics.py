@@ -7,7 +7,7 @@ scheduler's state is read once per scrape from `SchedulerAPI.stats()`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from typing import Any, TypeVar
 
 from prometheus_client import (
@@ -30,6 +30,7 @@ from gateway.tenants import Tenant
 from scheduler.api import Histogram, SchedulerStats, SpecDecodeCounts
 
 _LABELS = ["model_name", "tenant", "priority"]
+Key = tuple[str, str, str]  # (model_name, tenant, priority) of a request gauge's series
 K = TypeVar("K")
 V = TypeVar("V")
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
@@ -44,16 +45,24 @@ class _StatsCollector:
     def __init__(self, model_name: str) -> None:
         self.model_name = model_name
         self.stats = SchedulerStats()
+        self.idle: frozenset[Key] = frozenset()  # series shown at 0 before any request
+        self.served: frozenset[str] = frozenset((model_name,))  # models and adapters now
+        self.running, self.waiting = _RequestGauge(), _RequestGauge()
 
     def collect(self) -> Iterator[Metric]:
         s, m = self.stats, self.model_name
-        yield _per_class(GaugeMetricFamily("vllm:num_requests_running",
-                                           "Requests decoding or prefilling, per tenant and class.",
-                                           labels=_LABELS), m, s.num_running,
-                         s.num_running_by_model)
-        yield _per_class(GaugeMetricFamily("vllm:num_requests_waiting",
-                                           "Requests waiting to be scheduled.", labels=_LABELS),
-                         m, s.num_waiting, s.num_waiting_by_model)
+        for gauge, name, help_, values, per_model in (
+                (self.running, "vllm:num_requests_running",
+                 "Requests decoding or prefilling, per model, tenant and class.",
+                 s.num_running, s.num_running_by_model),
+                (self.waiting, "vllm:num_requests_waiting",
+                 "Requests waiting to be scheduled, per model, tenant and class.",
+                 s.num_waiting, s.num_waiting_by_model)):
+            family = GaugeMetricFamily(name, help_, labels=_LABELS)
+            now = _named(m, per_model) or {(m, *k): v for k, v in values.items()}
+            for labels, count in gauge.series(now, self.idle, self.served).items():
+                family.add_metric(list(labels), count)
+            yield family
         yield _per_class(CounterMetricFamily("vllm:num_preemptions",
                                              "Cumulative preemptions.", labels=_LABELS),
                          m, {}, _named(m, s.num_preemptions))
@@ -188,6 +197,28 @@ def _per_class(family: GaugeMetricFamily | CounterMetricFamily, model_name: str,
     return family
 
 
+class _RequestGauge:
+    """The series of one request gauge (running or waiting) across scrapes.
+
+    NOTE: vLLM shows `vllm:num_requests_running{model_name=...}` for every served model from
+    start-up, at 0, so a dashboard's `sum by (model_name)` never reads "no data". Ours carries
+    tenant and class too (as every request metric here does), so an idle model shows one
+    0-valued series per tenant that may use it, at the tenant's class (`idle`); a series
+    once seen stays, at 0 when its requests end, while its model or adapter is served (an
+    unloaded adapter's series go with it)."""
+
+    def __init__(self) -> None:
+        self.seen: set[Key] = set()
+
+    def series(self, now: dict[Key, int], idle: Collection[Key],
+               served: Collection[str]) -> dict[Key, int]:
+        """Every series to emit: those with requests `now`, then the idle ones and those
+        seen before (of models still `served`) at 0."""
+        self.seen = {k for k in self.seen if k[0] in served} | set(now)
+        keys = self.seen | {k for k in idle if k[0] in served}
+        return {k: now.get(k, 0) for k in sorted(keys)}
+
+
 def _histogram(family: HistogramMetricFamily, h: Histogram) -> Metric:
     cumulative, buckets = 0, []
     for bound, count in zip([*map(str, h.bounds_s), "+Inf"], h.counts, strict=True):
@@ -260,6 +291,7 @@ class GatewayMetrics:
                                          ["tenant"], registry=r)
         ProcessCollector(registry=r)  # process_resident_memory_bytes & co (chaos reads RSS)
         self._stats = _StatsCollector(model_name)
+        self._tenants: tuple[Tenant, ...] = ()
         r.register(self._stats)
         self.recent = RecentRequests()  # per-request records for /admin/timeline
 
@@ -275,9 +307,12 @@ class GatewayMetrics:
         self.prefix_hit_rate.labels(tenant).set(hits / queries if queries else 0.0)
 
     def set_tenants(self, tenants: Iterable[Tenant]) -> None:
-        """The running tenants' SLOs (again after each change of the tenants)."""
+        """The running tenants' SLOs (again after each change of the tenants), and the
+        series each shows at 0 in the request gauges before its first request."""
         self.ttft_slo.clear()
         self.tpot_slo.clear()
+        self._tenants = tuple(tenants)
+        self.set_served(self._stats.served)
         for tenant in tenants:
             if tenant.ttft_slo_s is not None:
                 self.ttft_slo.labels(tenant.name, tenant.priority.label).set(tenant.ttft_slo_s)
@@ -299,7 +334,18 @@ class GatewayMetrics:
         `model_name`); None: the served model."""
         return model or self.model_name, tenant, priority
 
-    def render(self, stats: SchedulerStats) -> bytes:
-        """The exposition text, after folding in the scheduler's current stats."""
+    def set_served(self, models: Iterable[str]) -> None:
+        """The models and adapters served now: each shows a 0-valued request gauge series per
+        tenant that may use it, from start-up (`_RequestGauge`)."""
+        served = frozenset(models)
+        self._stats.served = served
+        self._stats.idle = frozenset((m, t.name, t.priority.label) for m in served
+                                     for t in self._tenants if t.may_use(m))
+
+    def render(self, stats: SchedulerStats, models: Iterable[str] | None = None) -> bytes:
+        """The exposition text, after folding in the scheduler's current stats; `models`:
+        the models and adapters served now (None: as before)."""
+        if models is not None and frozenset(models) != self._stats.served:
+            self.set_served(models)
         self._stats.stats = stats
         return generate_latest(self.registry)

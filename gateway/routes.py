@@ -92,7 +92,9 @@ async def openapi(request: Request) -> Response:
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
     state = state_of(request)
-    body = state.metrics.render(state.engine.scheduler.stats())
+    engine = state.engine
+    body = state.metrics.render(engine.scheduler.stats(), (
+        engine.served_model_name, *engine.base_models, *engine.adapters.served()))
     return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 

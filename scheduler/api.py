@@ -173,7 +173,8 @@ class SchedulerStats:
 
     num_running: dict[tuple[str, str], int] = field(default_factory=dict)  # (tenant, class)
     num_waiting: dict[tuple[str, str], int] = field(default_factory=dict)  # (tenant, class)
-    # with several models (models/modelset.py): the same two counts per (model, tenant, class)
+    # the same two counts per (model, tenant, class): model is the request's LoRA adapter if
+    # it has one, else its `Request.model` ("" for a one-model scheduler)
     num_running_by_model: dict[tuple[str, str, str], int] = field(default_factory=dict)
     num_waiting_by_model: dict[tuple[str, str, str], int] = field(default_factory=dict)
     kv_cache_usage: float = 0.0  # used / total KV blocks over all devices, in [0, 1]

@@ -391,7 +391,12 @@ class Scheduler(Components):
 
     # -- views -----------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
-        return self.gmg.to_json()
+        """The GMG's /admin/gmg view; with provisioning on, each device's replicas too."""
+        out = self.gmg.to_json()
+        if self.provisioner is not None:
+            for device in out["devices"]:
+                device["replicas"] = self.replicas.describe(device["device"])
+        return out
 
     async def time_direct(self, prompt_ids: list[int], max_tokens: int,
                           device: str | None = None, model: str = "",

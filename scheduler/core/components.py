@@ -31,7 +31,12 @@ from scheduler.cost.learnlog import LearningLog
 from scheduler.cost.reprofile import PairProfiler
 from scheduler.memory.kv import KVManager
 from scheduler.memory.pools import activation_reserve, kv_pools
-from scheduler.memory.replicas import ReplicaRegistry, initial_holdings, limited_pools
+from scheduler.memory.replicas import (
+    ReplicaRegistry,
+    initial_holdings,
+    limited_pools,
+    model_chains,
+)
 from scheduler.policies import make_policy
 from scheduler.round.calibration import FirstTokenCalibration
 from scheduler.round.inflight import InFlight
@@ -55,14 +60,17 @@ class Components:
         if any(d.node is not None for d in devices):  # NOTE: the actors load their own models
             model.adapters.refuse("LoRA adapters are not supported on Ray executors yet")
         self.model_devices = model_devices(model, list(self.devices), self.cfg)
-        held = initial_holdings(self.cfg.provisioning, list(self.devices), len(model.template.ops))
+        self.chains = model_chains(model, list(self.devices))
+        held = initial_holdings(self.cfg.provisioning, list(self.devices),
+                                len(model.template.ops), self.chains)
         pools = (kv_pools(model, devices, self.ledgers, self.cfg)
                  if self.cfg.provisioning == "off"
                  else limited_pools(model, devices, self.ledgers, self.cfg, held))
         self.kv = KVManager(pools, self.cfg.swap_space_bytes,
                             model.model_pools() if isinstance(model, ModelSet) else None)
         self.replicas = ReplicaRegistry(model.template, self.ledgers, pools, held,
-                                        self.kv.swap_bytes(1), activation_reserve(model, self.cfg))
+                                        self.kv.swap_bytes(1), activation_reserve(model, self.cfg),
+                                        *_op_pools(model, self.kv))
         self.gmg = GMG(self.devices, self.ledgers, self.kv)
         self.requests = Requests(self.kv, self.gmg, model.template, self.cfg.queue_limits)
         self.fair = FairShare()  # virtual token counters per class and tenant
@@ -131,11 +139,12 @@ class Components:
 def model_devices(model: Model, devices: list[str],
                   cfg: SchedulerConfig) -> dict[str, frozenset[str]]:
     """model -> the devices its requests may run on, for a model set ({} for one model).
-    ValueError for a member with no device here, or with provisioning on."""
+    ValueError for a member with no device here, or with whole-model provisioning."""
     if not isinstance(model, ModelSet):
         return {}
-    if cfg.provisioning != "off":
-        raise ValueError("provisioning is not supported with several models yet")
+    if cfg.provisioning == "model":
+        raise ValueError("--provisioning model is not supported with several models; "
+                         "use opscale (each model's replicas are sized and placed apart)")
     out = model.devices_of(devices)
     for m in model.members:
         unknown = set(m.devices or ()) - set(devices)
@@ -143,3 +152,12 @@ def model_devices(model: Model, devices: list[str],
             raise ValueError(f"model {m.name!r} runs on {', '.join(m.devices or ())}: "
                              f"not among the devices {', '.join(devices)}")
     return out
+
+
+def _op_pools(model: Model, kv: KVManager) -> tuple[tuple[str, ...], dict[str, int]]:
+    """A model set's op index -> its member's KV pool name, and pool name -> bytes of one of
+    its blocks (the replicas' memory trades against them); ((), {}) for one model."""
+    if not isinstance(model, ModelSet):
+        return (), {}
+    pools = tuple(model.of_op(i).pool for i in range(len(model.template.ops)))
+    return pools, {m.pool: kv.block_bytes(m.name) for m in model.members}

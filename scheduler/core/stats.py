@@ -16,8 +16,9 @@ def collect(s: Components) -> SchedulerStats:
     for st in s.states.values():
         key = (st.req.tenant, st.priority.label)
         (running if st.status.holds_kv else waiting)[key] += 1
-        if st.req.model:
-            by_model[0 if st.status.holds_kv else 1][(st.req.model, *key)] += 1
+        # NOTE: an adapter's requests under its name, as vLLM's `model_name` (one model: "")
+        model = st.req.adapter or st.req.model
+        by_model[0 if st.status.holds_kv else 1][(model, *key)] += 1
     problem = s.health.problem(s.exec.healthy)
     down = s.exec.down()
     if problem is not None and s.devices and len(down) == len(s.devices):

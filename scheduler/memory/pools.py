@@ -66,7 +66,7 @@ def kv_split(room_bytes: int, pools: Mapping[str, tuple[int, float]]) -> dict[st
             for p, (per_block, _) in pools.items()}
 
 
-def _pools_on(model: Model, device: str) -> dict[str, tuple[Model, float]]:
+def pools_on(model: Model, device: str) -> dict[str, tuple[Model, float]]:
     """pool -> (the model of its geometry, its share) on `device` (one pool for one model)."""
     return model.pools_on(device) if isinstance(model, ModelSet) else {"": (model, 1.0)}
 
@@ -95,7 +95,7 @@ def kv_pools(model: Model, devices: list[Device], ledgers: dict[str, MemoryLedge
                              f"{weights / 2**30:.2f} GiB of weights; the "
                              f"LoRA reserve of {adapters / 2**30:.2f} GiB does not fit")
         room = max(0, ledger.free_bytes - reserve)
-        here = _pools_on(model, d.name)
+        here = pools_on(model, d.name)
         split = kv_split(min(room, cfg.kv_cache_bytes or room),
                          {p: (block_bytes(m, cfg.block_size), share)
                           for p, (m, share) in here.items()})

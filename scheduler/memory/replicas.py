@@ -12,21 +12,34 @@ Memory follows the registry: a replica's weight bytes are reserved in its
 device's ledger while it exists, and the device's KV pool is limited to what
 its budget leaves after them (`LimitedAllocator`), so removing a replica gives
 its memory back to KV, and adding one needs that many free KV blocks.
+
+With a model set (models/modelset.py) a device may hold several pools, one per
+KV layout of the members running there. An operator's replica then gives up
+(and takes back) blocks of its own member's pool on that device (`op_pools`),
+while the device's ledger counts every member's weights and pools.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from executors.memory import MemoryLedger
 from executors.types import Device
-from models.kv_cache import BlockAllocator, KVCache
+from models.kv_cache import BlockAllocator, KVCache, pool_key
 from models.loader import Model
+from models.modelset import ModelSet
 from models.template import GraphTemplate
 from scheduler.config import SchedulerConfig
-from scheduler.memory.pools import activation_reserve, adapter_reserve
+from scheduler.memory.pools import (
+    activation_reserve,
+    adapter_reserve,
+    block_bytes,
+    kv_split,
+    pools_on,
+    reserve_weights,
+)
 
 Holders = tuple[frozenset[str], ...]  # op index -> devices whose replica takes new work
 
@@ -90,11 +103,15 @@ class ReplicaRegistry:
 
     def __init__(self, template: GraphTemplate, ledgers: Mapping[str, MemoryLedger],
                  pools: Mapping[str, KVCache], held: Mapping[str, Iterable[int]],
-                 kv_block_bytes: int, activation_bytes: int = 0) -> None:
+                 kv_block_bytes: int, activation_bytes: int = 0,
+                 op_pools: Sequence[str] = (), pool_block_bytes: Mapping[str, int] | None = None
+                 ) -> None:
         self.template = template
-        self.ledgers, self.pools = ledgers, pools
-        self.kv_block_bytes = kv_block_bytes
+        self.ledgers, self.pools = ledgers, pools  # pools: keyed by `pool_key`
+        self.kv_block_bytes = kv_block_bytes  # of the first pool ("")
         self.activation_bytes = activation_bytes  # kept free on every device for activations
+        self.op_pools = tuple(op_pools)  # op index -> its model's pool name; (): "" for all
+        self.pool_block_bytes = dict(pool_block_bytes or {})  # pool name -> bytes of a block
         self.states: dict[tuple[int, str], ReplicaState] = {
             (i, d): ReplicaState.READY for d, ops in held.items() for i in ops}
         for i in range(len(template.ops)):
@@ -102,6 +119,20 @@ class ReplicaRegistry:
                 raise ValueError(f"no device holds {template.ops[i].name}")
 
     # -- reading -----------------------------------------------------------------------------
+    def pool_of(self, index: int, device: str) -> KVCache:
+        """The KV pool on `device` whose blocks operator `index`'s weights trade against."""
+        return self.pools[pool_key(device, self.op_pools[index] if self.op_pools else "")]
+
+    def block_bytes_of(self, index: int) -> int:
+        """Bytes of one block of the pool operator `index`'s weights trade against."""
+        pool = self.op_pools[index] if self.op_pools else ""
+        return self.pool_block_bytes.get(pool, self.kv_block_bytes)
+
+    def describe(self, device: str) -> list[dict[str, str]]:
+        """The replicas on `device`, in chain order: operator name and state (/admin/gmg)."""
+        return [{"op": self.template.ops[i].name, "state": self.states[(i, device)].value}
+                for i in self.resident(device)]
+
     def holders_of(self, index: int) -> frozenset[str]:
         """Devices whose replica of operator `index` takes new work."""
         return frozenset(d for (i, d), s in self.states.items() if i == index and s.takes_work)
@@ -133,7 +164,7 @@ class ReplicaRegistry:
 
     # -- adding ------------------------------------------------------------------------------
     def blocks_for_weights(self, index: int) -> int:
-        return -(-self.template.ops[index].weight_bytes // self.kv_block_bytes)
+        return -(-self.template.ops[index].weight_bytes // self.block_bytes_of(index))
 
     def can_add(self, index: int, device: str) -> bool:
         """Pure check: not there yet, and its weights fit (in free memory or free KV)."""
@@ -143,12 +174,12 @@ class ReplicaRegistry:
 
     def _room_for(self, index: int, device: str) -> int | None:
         """KV blocks the pool must give up for operator `index`'s weights, or None."""
-        ledger, alloc = self.ledgers[device], self.pools[device].allocator
+        ledger, alloc = self.ledgers[device], self.pool_of(index, device).allocator
         nbytes = self.template.ops[index].weight_bytes
         free = ledger.free_bytes - self.activation_bytes
         if nbytes <= free:
             return 0
-        short = -(-(nbytes - max(0, free)) // self.kv_block_bytes)
+        short = -(-(nbytes - max(0, free)) // self.block_bytes_of(index))
         if not isinstance(alloc, LimitedAllocator) or not alloc.can_set_limit(alloc.limit - short):
             return None
         return short
@@ -157,7 +188,7 @@ class ReplicaRegistry:
         """How much more the device's ledger holds once the replica is added (its weights
         less the KV it gives up for them)."""
         short = self._room_for(index, device) or 0
-        return max(0, self.template.ops[index].weight_bytes - short * self.kv_block_bytes)
+        return max(0, self.template.ops[index].weight_bytes - short * self.block_bytes_of(index))
 
     def begin_add(self, index: int, device: str) -> None:
         """Reserve the replica's memory (shrinking KV if needed); it is LOADING."""
@@ -167,10 +198,10 @@ class ReplicaRegistry:
         if short is None:
             raise MemoryError(f"{device}: no room for {self.template.ops[index].name}")
         if short:
-            alloc = self.pools[device].allocator
+            alloc = self.pool_of(index, device).allocator
             assert isinstance(alloc, LimitedAllocator)
             alloc.set_limit(alloc.limit - short)
-            self.ledgers[device].release("kv", short * self.kv_block_bytes)
+            self.ledgers[device].release("kv", short * self.block_bytes_of(index))
         self.ledgers[device].reserve("weights", self.template.ops[index].weight_bytes)
         self.states[(index, device)] = ReplicaState.LOADING
 
@@ -206,13 +237,14 @@ class ReplicaRegistry:
         if self.states.get((index, device)) is not ReplicaState.DRAINING:
             raise ValueError(f"{device}: {self.template.ops[index].name} is not draining")
         del self.states[(index, device)]
-        ledger, alloc = self.ledgers[device], self.pools[device].allocator
+        ledger, alloc = self.ledgers[device], self.pool_of(index, device).allocator
         ledger.release("weights", self.template.ops[index].weight_bytes)
+        per_block = self.block_bytes_of(index)
         if isinstance(alloc, LimitedAllocator):
             grow = min(alloc.num_storage_blocks - alloc.limit,
-                       (ledger.free_bytes - self.activation_bytes) // self.kv_block_bytes)
+                       (ledger.free_bytes - self.activation_bytes) // per_block)
             if grow > 0:
-                ledger.reserve("kv", grow * self.kv_block_bytes)
+                ledger.reserve("kv", grow * per_block)
                 alloc.set_limit(alloc.limit + grow)
 
     def cancel_add(self, index: int, device: str) -> None:
@@ -222,40 +254,59 @@ class ReplicaRegistry:
             self.finish_remove(index, device)
 
 
-def initial_holdings(provisioning: str, devices: list[str], num_ops: int) -> dict[str, list[int]]:
-    """Without provisioning every device holds every operator; with it, the first device
-    holds one whole replica and the others start empty (the provisioner adds what load needs)."""
-    every = list(range(num_ops))
+Chain = tuple[range, Sequence[str]]  # a model's operator indices and the devices it runs on
+
+
+def model_chains(model: Model, devices: Sequence[str]) -> list[Chain]:
+    """Each model's chain and devices: the whole chain on every device for one model; a
+    set's members' chains, each on the devices it runs on."""
+    if not isinstance(model, ModelSet):
+        return [(range(len(model.template.ops)), tuple(devices))]
+    return [(m.chain, tuple(d for d in devices if m.runs_on(d))) for m in model.members]
+
+
+def initial_holdings(provisioning: str, devices: list[str], num_ops: int,
+                     chains: Sequence[Chain] | None = None) -> dict[str, list[int]]:
+    """Without provisioning every device holds every operator; with it, the first device of
+    each model's chain (`chains`; default: one model on every device) holds one whole
+    replica and the others start empty (the provisioner adds what load needs)."""
     if provisioning == "off":
-        return {d: every for d in devices}
-    return {d: every if i == 0 else [] for i, d in enumerate(devices)}
+        return {d: list(range(num_ops)) for d in devices}
+    held: dict[str, list[int]] = {d: [] for d in devices}
+    for chain, runs_on in chains or [(range(num_ops), devices)]:
+        held[runs_on[0]] += chain
+    return held
 
 
 def limited_pools(model: Model, devices: list[Device], ledgers: Mapping[str, MemoryLedger],
                   cfg: SchedulerConfig, held: Mapping[str, list[int]]) -> dict[str, KVCache]:
     """KV pools whose storage covers each device's budget less activations, limited to what
-    the replicas it holds leave (see `LimitedAllocator`)."""
-    c, t = model.config, model.template
-    per_block = KVCache.bytes_per_block(c.num_layers, cfg.block_size, c.num_kv_heads,
-                                        c.head_dim, model.dtype)
+    the replicas it holds leave (see `LimitedAllocator`); a device's room split between the
+    pools of the models running there as `kv_pools` splits it. Keyed by `pool_key`."""
+    t = model.template
     reserve = activation_reserve(model, cfg)
-    adapters = adapter_reserve(model, cfg)
     pools = {}
     for d in devices:
         ledger = ledgers[d.name]
-        ledger.reserve("weights", sum(t.ops[i].weight_bytes for i in held.get(d.name, ())))
+        adapters = adapter_reserve(model, cfg, d.name)
+        reserve_weights(ledger, d, sum(t.ops[i].weight_bytes for i in held.get(d.name, ())),
+                        "the replicas it starts with")
         ledger.reserve("adapters", adapters)
-        storage = (d.memory_bytes - reserve - adapters) // per_block
-        usable = (ledger.free_bytes - reserve) // per_block
-        if cfg.kv_cache_bytes is not None:
-            storage = usable = min(usable, cfg.kv_cache_bytes // per_block)
-        if usable < 1:
-            raise ValueError(f"{d.name}: {d.memory_bytes / 2**30:.2f} GiB leaves no room for KV "
-                             f"after its weights and {reserve / 2**30:.2f} GiB of activations")
-        pool = model.new_kv_cache(int(storage), cfg.block_size, device=d.torch_device)
-        alloc = LimitedAllocator(int(storage), cfg.block_size)
-        alloc.set_limit(int(usable))
-        pool.allocator = alloc
-        ledger.reserve("kv", int(usable) * per_block)
-        pools[d.name] = pool
+        here = pools_on(model, d.name)
+        sizes = {p: (block_bytes(m, cfg.block_size), share) for p, (m, share) in here.items()}
+        usable = kv_split(max(0, min(ledger.free_bytes - reserve,
+                                     cfg.kv_cache_bytes or ledger.free_bytes)), sizes)
+        storage = usable if cfg.kv_cache_bytes is not None else \
+            kv_split(d.memory_bytes - reserve - adapters, sizes)
+        for p, (m, _) in here.items():
+            if usable[p] < 1:
+                raise ValueError(f"{d.name}: {d.memory_bytes / 2**30:.2f} GiB leaves no room "
+                                 f"for KV after its weights and {reserve / 2**30:.2f} GiB of "
+                                 "activations")
+            pool = m.new_kv_cache(storage[p], cfg.block_size, device=d.torch_device)
+            alloc = LimitedAllocator(storage[p], cfg.block_size)
+            alloc.set_limit(usable[p])
+            pool.allocator = alloc
+            ledger.reserve("kv", usable[p] * sizes[p][0])
+            pools[pool_key(d.name, p)] = pool
     return pools

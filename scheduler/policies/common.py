@@ -29,8 +29,9 @@ def placed(view: RoundView, load: Callable[[str], float], prefer: str) -> Placem
     """A placement around `prefer`: each operator runs there if `prefer` holds a replica of
     it, else on the device of the operator before it if that one does (no transfer), else
     on its least-loaded holder. Without replicas (every device holds every operator) it is
-    `single(prefer)`."""
-    if view.holders is None:
+    `single(prefer)`, and so it is with several models (a request of a model set runs on
+    one device holding its model's chain: `RoundView.may_place`)."""
+    if view.holders is None or view.model_devices:
         return single(prefer, view.num_ops)
     out: list[str] = []
     prev = prefer

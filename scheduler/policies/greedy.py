@@ -38,7 +38,7 @@ class GreedyPolicy:
         return r.priority if self.uses_priority else Priority.NORMAL
 
     def devices_for(self, view: RoundView, r: RequestView) -> tuple[str, ...]:
-        return view.full_holders()  # NOTE: request-level baselines place whole models
+        return view.full_holders(r.model)  # NOTE: request-level baselines place whole models
 
     def order(self, draft: Draft) -> list[RequestView]:
         """Class by class (fair share among a class's tenants), or arrival order for fcfs."""
@@ -118,7 +118,7 @@ class StaticPolicy(GreedyPolicy):
     name = "static"
 
     def devices_for(self, view: RoundView, r: RequestView) -> tuple[str, ...]:
-        devs = view.full_holders()
+        devs = view.full_holders(r.model)
         if len(devs) == 1:
             return devs
         half = max(1, len(devs) // 2)

@@ -5,6 +5,8 @@ reads the demand per operator (`actuation.Demand`, plus the requests still
 waiting), asks `provisioning` for a plan and accepts it only if a simulation
 of the current GMG with the plan's weight copies added keeps every pending
 TTFT deadline the GMG keeps without them, and runs out of no device's memory.
+With a model set, each member's replicas are planned apart, on its own devices
+and from its own demand (scheduler/provisioning/members.py).
 
 NOTE: a weight copy is simulated as an op occupying its destination device for
 its transfer time (at high priority, issued now): on a CPU device it takes the
@@ -17,12 +19,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import defaultdict
+from collections.abc import Sequence
 
 from executors.types import OpRole, OpState, Priority
 from models.batch import BatchShape
+from models.modelset import ModelSet
 from scheduler.core.components import Components
 from scheduler.memory.replicas import LimitedAllocator, ReplicaState
+from scheduler.provisioning.members import MemberLoad, plan_members
 from scheduler.provisioning.planning import Cluster, OpLoad, ProvisionPlan, plan_model, plan_opscale
+from scheduler.round.requestview import RequestView
 from scheduler.sim.gmg import SimOp, Snapshot
 from scheduler.sim.simulator import simulate
 from scheduler.sim.types import Candidate
@@ -83,28 +90,42 @@ class Provisioner:
         if self.mode == "model":
             return plan_model(self.pending_tokens_per_s(now), self.tokens_per_replica_s(),
                               cluster, len(self.s.model.template.ops))
+        # NOTE: the tightest SLO of any model's requests, for every model's operators
         slo = self.s.tightest_slo_s or self.s.cfg.default_ttft_slo_s
-        return plan_opscale(self.loads(now), cluster, slo,
-                            self.loads(now, self.s.demand.keep_window_s))
+        loads, keep = self.loads(now), self.loads(now, self.s.demand.keep_window_s)
+        if not isinstance(self.s.model, ModelSet):
+            return plan_opscale(loads, cluster, slo, keep)
+        return plan_members([MemberLoad(chain, self.cluster(chain, devices),
+                                        loads[chain.start:chain.stop],
+                                        keep[chain.start:chain.stop])
+                             for chain, devices in self.s.chains], slo, tuple(self.s.devices))
 
     # -- what it measures --------------------------------------------------------------------
-    def cluster(self) -> Cluster:
+    def cluster(self, chain: range | None = None, devices: Sequence[str] | None = None
+                ) -> Cluster:
+        """The replicas of `chain`'s operators (default: every one) on `devices` (default:
+        every one), indexed from the chain's first operator."""
         reg = self.s.replicas
-        names = tuple(self.s.devices)
-        held = {d: reg.held(d) for d in names}
-        removable = frozenset((i, d) for d in names for i in held[d] if reg.can_remove(i, d))
-        room = {d: self._room(d) for d in names}
-        weights = tuple(t.weight_bytes for t in self.s.model.template.ops)
-        draining = frozenset((c.index, c.device) for c in reg.draining())
+        chain = chain or range(len(self.s.model.template.ops))
+        names, first = tuple(devices or self.s.devices), chain.start
+        held = {d: frozenset(i - first for i in reg.held(d) if i in chain) for d in names}
+        removable = frozenset((i, d) for d in names for i in held[d]
+                              if reg.can_remove(first + i, d))
+        room = {d: self._room(d, first) for d in names}
+        weights = tuple(self.s.model.template.ops[i].weight_bytes for i in chain)
+        draining = frozenset((c.index - first, c.device) for c in reg.draining()
+                             if c.index in chain and c.device in names)
         return Cluster(names, held, removable, room, weights, draining)
 
-    def _room(self, device: str) -> int:
-        """Bytes free on the device plus the KV blocks it could give up (free ones)."""
-        reg, pool = self.s.replicas, self.s.kv.pools[device]
+    def _room(self, device: str, index: int = 0) -> int:
+        """Bytes free on the device plus the KV blocks it could give up (free ones of the
+        pool operator `index`'s weights trade against)."""
+        reg = self.s.replicas
+        pool = reg.pool_of(index, device)
         free = self.s.ledgers[device].free_bytes - reg.activation_bytes
         if not isinstance(pool.allocator, LimitedAllocator):
             return free
-        return free + pool.allocator.num_free * reg.kv_block_bytes
+        return free + pool.allocator.num_free * reg.block_bytes_of(index)
 
     def loads(self, now: float, window_s: float | None = None) -> list[OpLoad]:
         """Per operator: op instances issued per second and their mean estimated seconds;
@@ -113,20 +134,30 @@ class Provisioner:
         t = self.s.model.template
         window = window_s or self.s.demand.window_s
         rates, service = self.s.demand.rates(now, len(t.ops), window)
-        waiting = [r for views in self.s.requests.views()[2].values() for r in views]
+        waiting: dict[str, list[RequestView]] = defaultdict(list)  # model -> its waiting
+        for views in self.s.requests.views()[2].values():
+            for r in views:
+                waiting[r.model].append(r)
         queued = [0] * len(t.ops)
         for inst in self.s.gmg.scheduled.values():
             if inst.state is OpState.ISSUED and inst.role is OpRole.COMPUTE:
                 queued[inst.template_index] += 1
         out = []
-        for i, op in enumerate(t.ops):
-            s = service[i]
-            if s <= 0 and waiting:
-                tokens = max(1, sum(r.num_tokens for r in waiting) // len(waiting))
-                shape = BatchShape(tokens, 1, 1, tokens * tokens, tokens)
-                s = self.s.builder.op_time(next(iter(self.s.devices)), op.name, shape)
-            out.append(OpLoad(rates[i] + (len(waiting) + queued[i]) / window, s))
+        for chain, devices, model in self._models():
+            mine = waiting[model]  # NOTE: a model's waiting requests load its own chain only
+            for i in chain:
+                s = service[i]
+                if s <= 0 and mine:
+                    tokens = max(1, sum(r.num_tokens for r in mine) // len(mine))
+                    shape = BatchShape(tokens, 1, 1, tokens * tokens, tokens)
+                    s = self.s.builder.op_time(devices[0], t.ops[i].name, shape)
+                out.append(OpLoad(rates[i] + (len(mine) + queued[i]) / window, s))
         return out
+
+    def _models(self) -> list[tuple[range, Sequence[str], str]]:
+        """Each model's chain, devices and `Request.model` ("" for one model)."""
+        return [(chain, devices, name) for (chain, devices), name
+                in zip(self.s.chains, self.s.model_names, strict=True)]
 
     def pending_tokens_per_s(self, now: float) -> float:
         """Prompt tokens issued over the window per second, plus those waiting over one

@@ -75,21 +75,31 @@ class RoundView:
 
     def may_place(self, req: RequestView, placement: Placement) -> bool:
         """Whether `req`'s model may run on `placement`: always with one model; with several,
-        on one device among its model's (`model_devices`)."""
+        on one device among its model's (`model_devices`) that holds its whole chain (with
+        replicas: `holders`)."""
         if not self.model_devices:
             return True
         devices = set(placement)
-        return len(devices) == 1 and devices <= self.model_devices[req.model]
+        return (len(devices) == 1 and devices <= self.model_devices[req.model]
+                and self._holds_chain(placement[0], req.model))
+
+    def _holds_chain(self, device: str, model: str) -> bool:
+        """Whether `device` holds a replica of every operator of `model`'s chain."""
+        return self.holders is None or all(device in self.holders[t.index]
+                                           for t in self.builder.template.chain(model))
 
     def allows(self, placement: Placement) -> bool:
         """Whether every operator of `placement` runs on a device holding its replica."""
         return self.holders is None or all(d in h for d, h in zip(placement, self.holders,
                                                                    strict=True))
 
-    def full_holders(self) -> tuple[str, ...]:
-        """Devices holding every operator (where a one-device placement may go)."""
+    def full_holders(self, model: str | None = None) -> tuple[str, ...]:
+        """Devices holding every operator (where a one-device placement may go); of a model
+        set, every operator of `model`'s chain (None: of the whole set)."""
         if self.holders is None:
             return self.devices
+        if model is not None and self.model_devices:
+            return tuple(d for d in self.devices if self._holds_chain(d, model))
         return tuple(d for d in self.devices if all(d in h for h in self.holders))
 
     def blocks_for(self, num_tokens: int) -> int:

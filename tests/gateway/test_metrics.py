@@ -84,6 +84,35 @@ async def test_request_gauges_carry_each_models_name_with_several_models() -> No
         in one.decode()
 
 
+async def test_request_gauges_show_every_served_model_from_start_up() -> None:
+    metrics = GatewayMetrics("chat")
+    metrics.set_tenants(parse_tenants("""\
+tenants:
+  - {name: ide, api_keys: [k1], priority: high}
+  - {name: bulk, api_keys: [k2], priority: low, models: [batch]}
+""").tenants)
+    served = ("chat", "batch", "q")  # two models and an adapter
+
+    def running(stats: SchedulerStats, models: tuple[str, ...] = served) -> dict[str, float]:
+        return _samples(metrics.render(stats, models).decode(), "vllm:num_requests_running")
+
+    idle = {'model_name="batch",priority="high",tenant="ide"': 0.0,
+            'model_name="batch",priority="low",tenant="bulk"': 0.0,
+            'model_name="chat",priority="high",tenant="ide"': 0.0,
+            'model_name="q",priority="high",tenant="ide"': 0.0}  # bulk may use batch only
+    assert running(SchedulerStats()) == idle
+    flex = 'model_name="q",priority="low",tenant="ide"'
+    busy = SchedulerStats(num_running_by_model={("q", "ide", "low"): 2, ("", "ide", "high"): 1})
+    assert running(busy) == {**idle, flex: 2.0,
+                             'model_name="chat",priority="high",tenant="ide"': 1.0}
+    assert running(SchedulerStats()) == {**idle, flex: 0.0}  # back to 0, not gone
+    assert running(SchedulerStats(), ("chat", "batch")) == {  # q unloaded: its series go
+        k: v for k, v in idle.items() if "q" not in k}
+    text = metrics.render(SchedulerStats()).decode()  # the models as before
+    assert 'vllm:num_requests_waiting{model_name="batch",priority="low",tenant="bulk"} 0.0' \
+        in text
+
+
 def _samples(text: str, name: str) -> dict[str, float]:
     """The samples of family `name`: their label text -> value."""
     return {m[1]: float(m[2]) for m in re.finditer(

@@ -1,7 +1,8 @@
 """The scheduler's figures per model on /metrics, through a real server of two tiny models
 and the official client: `chat` (the tiny Llama, bf16) and `small` (the tiny Qwen2, fp32),
 of different KV layouts, so each has a pool of its own. Only `small` gets requests: its
-series move, chat's stay at zero. And /admin/direct on `small`'s LoRA adapter."""
+series move, chat's stay at zero; every model and adapter has its request gauges from
+start-up. And /admin/direct on `small`'s LoRA adapter."""
 
 from __future__ import annotations
 
@@ -50,8 +51,20 @@ def _samples(live: LiveServer, name: str) -> dict[str, float]:
         rf"^{re.escape(name)}\{{([^}}]*)\}} (\S+)$", text, re.M)}
 
 
+def _gauge(model: str, tenant: str = "ide", priority: str = "high") -> str:
+    return f'model_name="{model}",priority="{priority}",tenant="{tenant}"'
+
+
+IDLE = {_gauge(m, t, p): 0.0 for m in ("chat", "small", "q")
+        for t, p in (("ide", "high"), ("chat", "normal"), ("nightly", "low"))}
+
+
 def test_only_the_model_that_ran_moves_its_series(server: LiveServer) -> None:
     kv, drafts = "vllm:kv_cache_usage_perc", "vllm:spec_decode_num_drafts_total"
+    running = "vllm:num_requests_running"
+    # every model and the adapter show their request gauges from start-up, at 0
+    assert _samples(server, running) == IDLE
+    assert _samples(server, "vllm:num_requests_waiting") == IDLE
     assert _samples(server, kv) == {'model_name="chat"': 0.0, 'model_name="small"': 0.0}
     assert _samples(server, drafts) == {'model_name="chat"': 0.0, 'model_name="small"': 0.0}
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0)
@@ -60,10 +73,12 @@ def test_only_the_model_that_ran_moves_its_series(server: LiveServer) -> None:
         extra_body={"ignore_eos": True, "speculative": SPEC})
     chunks = iter(stream)
     next(chunks)  # the first token is out: small's request holds its KV
-    during = _samples(server, kv)
+    during, gauges = _samples(server, kv), _samples(server, running)
     text = "".join(c.choices[0].text for c in [*chunks])
     assert during['model_name="small"'] > 0 and during['model_name="chat"'] == 0.0
+    assert gauges == {**IDLE, _gauge("small"): 1.0}
     assert len(text) > 0
+    assert _samples(server, running) == IDLE  # back to 0, not gone
     assert _samples(server, kv) == {'model_name="chat"': 0.0, 'model_name="small"': 0.0}
     after = _samples(server, drafts)
     assert after['model_name="small"'] > 0 and after['model_name="chat"'] == 0.0

@@ -213,9 +213,9 @@ def test_the_factory_refuses_a_bad_set_before_profiling() -> None:
         build_scheduler(model_set([("chat", weightless(), ("cpu:7",))]), devs, cfg)
     with pytest.raises(ValueError, match="cannot hold"):
         build_scheduler(two_models(), [Device("cpu:0", 1 << 10), *devs[1:]], cfg)
-    with pytest.raises(ValueError, match="provisioning"):
+    with pytest.raises(ValueError, match="provisioning model is not supported"):
         build_scheduler(two_models(), devs, SchedulerConfig(policy="slice",
-                                                            provisioning="opscale"))
+                                                            provisioning="model"))
 
 
 def test_the_estimators_are_keyed_by_model() -> None:
