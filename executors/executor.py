@@ -21,7 +21,7 @@ from typing import Any
 
 from executors.dispatch import mark_issued, pick_next, scan_ready
 from executors.runner import RecvNotReady
-from executors.types import Device, OpInstance, OpRole, OpState, Priority
+from executors.types import Device, OpInstance, OpRole, OpState
 from executors.wide import hold, threads_for
 from models.cpu import keep_threads
 
@@ -197,19 +197,12 @@ class Executor:
         """Run `op` to completion and return its output (override point: CUDA streams)."""
         return self._run_op(op)
 
-    def _ready_at_least(self, priority: Priority) -> bool:
-        """Whether an op of class `priority` or a higher one is ready in the queue (the
-        caller holds the lock)."""
-        ready, _ = scan_ready(self._pending, time.monotonic())
-        return any(o.priority <= priority for o in ready)
-
     def _run_any(self, op: OpInstance) -> Any:
         """A HOLD (`executors.wide`) sleeps until its wide chain ends (a claim ends at once).
         Else `_run`, on both devices' threads while the op's partner is held for it."""
         if op.role is OpRole.HOLD:
             with self._cond:
-                hold(op, time.monotonic, lambda s: self._cond.wait(timeout=s),
-                     lambda: self._ready_at_least(op.priority))
+                hold(op, time.monotonic, lambda s: self._cond.wait(timeout=s))
             return None
         threads = threads_for(op, self._threads)
         if threads == self._threads:

@@ -30,8 +30,7 @@ unless the cluster has an `Interference` model (below). The rules, which
   started since. A replaced event is skipped when popped.
 - **Holds.** A wide plan's claim and hold (`executors.wide`) take their `est_s` as any
   op, and `run_op` is not called for them; a real executor ends a hold when its chain
-  ends, which is when its estimate says it would. A running hold yields (ends at
-  `now`) at a dispatch that finds an op of its class or a higher one ready behind it.
+  ends, which is when its estimate says it would.
 - **Faults and Recv retries.** The optional `run_op(op)` hook runs when the op
   starts. `RecvNotReady` puts the op back with `ready_at = now + recv_retry_s`
   and the executor picks again at once; any other exception fails the op, which
@@ -124,10 +123,7 @@ class FakeExecutor:
 
     # -- driven by the cluster -----------------------------------------------------------
     def _dispatch(self, now: float) -> None:
-        """If idle, start the next ready op at `now` (Recvs that cannot allocate go back);
-        a running hold yields at `now` to a ready op of its class or a higher one."""
-        if self.running is not None and self.running.role is OpRole.HOLD:
-            self._yield_hold(now)
+        """If idle, start the next ready op at `now` (Recvs that cannot allocate go back)."""
         while self.running is None:
             op = self._pick(now)
             if op is None:
@@ -149,15 +145,6 @@ class FakeExecutor:
             self.running = op
             self._result = (out, err)
             self._cluster.started(self, op, now)
-
-    def _yield_hold(self, now: float) -> None:
-        hold = self.running
-        assert hold is not None
-        ready, _ = scan_ready(self._pending, now)
-        if self._event is not None and self._event.time > now and any(
-                o.priority <= hold.priority for o in ready):
-            self._rem_s, self._last = 0.0, now  # NOTE: a re-timing keeps it ending now
-            self._cluster.push(now, self, hold)
 
     def _pick(self, now: float) -> OpInstance | None:
         ready, wake = scan_ready(self._pending, now)

@@ -5,12 +5,8 @@ a partner device of the same host for as long as the chain runs. On the
 partner it issues two HOLD ops: a claim, which ends as soon as it starts (the
 chain's first op depends on it, so the chain starts only once the partner has
 finished what it was running), and a hold, which keeps the partner's thread
-asleep until the chain's last op ends, or until an op of its class or a higher
-one is ready on the partner: the hold yields, the partner runs that op, and the
-rest of the chain runs on its own device's threads. Until the hold has ended,
-each op of the chain runs on both devices' intra-op threads. The GMG reports a
-hold as ending at once (`scheduler.sim.gmg`): a plan of its class or a higher
-one placed on the partner makes it yield, and a lower one queues behind it.
+asleep until the chain's last op ends. Until the hold has ended, each op of
+the chain runs on both devices' intra-op threads.
 
 NOTE: measured on a 2-core machine (one thread per device), a 465-token prefill
 through the default model's chain: 0.64 s on one thread, 0.39-0.40 s on two
@@ -44,11 +40,9 @@ def threads_for(op: OpInstance, own: int) -> int:
     return own
 
 
-def hold(op: OpInstance, now: Callable[[], float], wait: Callable[[float], object],
-         yields: Callable[[], bool] = lambda: False) -> None:
+def hold(op: OpInstance, now: Callable[[], float], wait: Callable[[float], object]) -> None:
     """Keep the calling (partner's) thread until the chain's last op (`op.input`) is
-    finished, or `yields()` (an op of its class or a higher one is ready there), sleeping
-    in `wait(seconds)` (woken when any op ends or is queued there).
+    finished, sleeping in `wait(seconds)` (woken when any op ends).
 
     NOTE: a chain withdrawn before it ran (its request aborted) never finishes: the hold
     then ends at twice its estimate (plus `HOLD_SLACK_S`) after it started, and so does
@@ -57,7 +51,7 @@ def hold(op: OpInstance, now: Callable[[], float], wait: Callable[[float], objec
     if last is None:
         return
     until = now() + 2 * op.est_s + HOLD_SLACK_S
-    while not last.state.is_finished and not yields():
+    while not last.state.is_finished:
         left = until - now()
         if left <= 0:
             return

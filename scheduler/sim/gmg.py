@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 from executors.interference import Interference
 from executors.memory import MemoryLedger
-from executors.types import Device, OpInstance, OpRole, OpState, Priority
+from executors.types import Device, OpInstance, OpState, Priority
 from models.kv_cache import pool_device
 from scheduler.memory.kv import KVManager
 
@@ -92,7 +92,7 @@ class GMG:
         """Device -> estimated seconds of work issued there and not done."""
         out = dict.fromkeys(self.devices, 0.0)
         for op in self.scheduled.values():
-            if op.state is not OpState.DONE and op.role is not OpRole.HOLD:
+            if op.state is not OpState.DONE:
                 out[op.device] = out.get(op.device, 0.0) + op.est_s
         return out
 
@@ -117,13 +117,7 @@ class GMG:
             else:
                 open_deps.append(d.op_id)
         start = op.start if op.state is OpState.RUNNING else None
-        est = op.est_s
-        if op.role is OpRole.HOLD:
-            # NOTE: a hold yields to any op of its class or a higher one placed there
-            # (`executors.wide`): for them its device is free now; one of a lower class,
-            # predicted to start now, queues behind it
-            est = 0.0 if start is None else max(0.0, now - start)
-        return SimOp(op.op_id, op.name, op.device, op.priority, tuple(open_deps), est,
+        return SimOp(op.op_id, op.name, op.device, op.priority, tuple(open_deps), op.est_s,
                      floor, start, op.mem_bytes, self.first_token_of.get(op.op_id, ()),
                      op.issued_at if op.issued_at is not None else now)
 

@@ -11,7 +11,7 @@ from executors.dispatch import dispatch_key
 from executors.fake import FakeExecutor, VirtualCluster
 from executors.runner import RecvNotReady
 from executors.types import Device, OpInstance, OpRole, OpState, Priority
-from tests.executors.chains import SHAPE, Sink, plain_op
+from tests.executors.chains import Sink, plain_op
 
 D0, D1 = Device("cpu:0", 1 << 30), Device("cpu:1", 1 << 30)
 
@@ -194,22 +194,3 @@ async def test_async_driver_advances_time_only_when_the_loop_is_idle() -> None:
         driver.cancel()
     starts = [op.start for op in ops]
     assert starts == [0.0, 0.25, 0.75, 1.5, 2.5] and vc.now == 3.75
-
-
-def test_a_running_hold_yields_to_an_op_of_its_class_queued_behind_it() -> None:
-    cluster = VirtualCluster()
-    done: list[str] = []
-    ex = cluster.add(Device("cpu:1", 1 << 30), lambda op: done.append(op.name))
-    held = OpInstance(900, "hold", OpRole.HOLD, -1, "cpu:1", Priority.HIGH, SHAPE, ("r",),
-                      est_s=1.0)
-    low = OpInstance(901, "low", OpRole.COMPUTE, 0, "cpu:1", Priority.LOW, SHAPE, ("q",),
-                     est_s=0.1)
-    ex.enqueue_many([held, low])
-    cluster.run_until(0.2)
-    assert done == [] and held.state is OpState.RUNNING  # a lower class waits behind it
-    urgent = OpInstance(902, "urgent", OpRole.COMPUTE, 0, "cpu:1", Priority.HIGH, SHAPE,
-                        ("u",), est_s=0.1)
-    ex.enqueue(urgent)
-    cluster.run_until_idle()
-    assert done == ["hold", "urgent", "low"]
-    assert held.end == pytest.approx(0.2) and urgent.end == pytest.approx(0.3)

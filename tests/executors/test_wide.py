@@ -102,36 +102,3 @@ def test_threads_double_only_until_the_hold_has_ended() -> None:
     held.state = OpState.DONE
     assert threads_for(chain[2], 1) == 1
     assert threads_for(plain_op("cpu:0"), 1) == 1
-
-
-def test_a_hold_yields_to_an_op_of_its_class_and_the_chain_goes_on_alone() -> None:
-    threads: dict[str, int] = {}
-
-    def run_op(op: OpInstance) -> None:
-        threads[op.name] = torch.get_num_threads()
-        time.sleep(0.03)
-
-    claim, held, chain = _wide_plan(n=4, est_s=0.03)
-    urgent = plain_op("cpu:1", Priority.HIGH, name="urgent on the partner")
-    sink = Sink()
-    with executors(["cpu:0", "cpu:1"], run_op, sink) as exs:
-        exs["cpu:1"].enqueue_many([claim, held])
-        exs["cpu:0"].enqueue_many(chain)
-        sink.wait(lambda: chain[0].state is OpState.DONE)
-        exs["cpu:1"].enqueue(urgent)
-        sink.wait_finished([held, urgent, *chain])
-    assert held.end is not None and urgent.start is not None and chain[-1].end is not None
-    assert held.end <= urgent.start < chain[-1].end  # it did not wait for the chain
-    assert threads[chain[0].name] == 2 and threads[chain[-1].name] == 1
-
-
-def test_a_hold_lets_a_lower_class_wait_behind_it() -> None:
-    claim, held, chain = _wide_plan(n=2, est_s=0.02)
-    low = plain_op("cpu:1", Priority.LOW, name="low")
-    sink = Sink()
-    with executors(["cpu:0", "cpu:1"], lambda op: time.sleep(0.02), sink) as exs:
-        exs["cpu:1"].enqueue_many([claim, held])
-        exs["cpu:0"].enqueue_many(chain)
-        exs["cpu:1"].enqueue(low)
-        sink.wait_finished([held, low, *chain])
-    assert low.start is not None and chain[-1].end is not None and low.start >= chain[-1].end
