@@ -18,14 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from executors.types import OpInstance, OpRole
+from executors.types import OpInstance
 
 HOLD_SLACK_S = 0.25  # a hold outlasts its estimate by at most twice it plus this
-
-
-def is_claim(op: OpInstance) -> bool:
-    """A wide plan's claim: ends at once (its hold has the chain's last op as `input`)."""
-    return op.role is OpRole.HOLD and op.input is None
 
 
 def threads_for(op: OpInstance, own: int) -> int:

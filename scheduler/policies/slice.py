@@ -3,7 +3,8 @@
 Each round: high-priority prefills by earliest TTFT deadline (then normal),
 each placed on the candidate partition (one device, a layer split over two,
 or a chunked pipeline over that split, more chunks tried only while they
-help) with the earliest expected first
+help; for a long prompt the others bring near its deadline, one device with
+another's cores lent to it: `policies.candidates`) with the earliest expected first
 token, plus the delay it adds to requests of its class decoding on its
 devices, that keeps its deadline (while every device runs a prefill of their
 class they wait, and the next plan on one device packs the whole prompts of

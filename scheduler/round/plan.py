@@ -199,7 +199,6 @@ class Builder:
         plan.finals.append(prev)
         return mine
 
-
     def _widen(self, plan: Plan, partner: str) -> None:
         """A wide plan's claim and hold on `partner` (first in `plan.ops`): the chain starts
         after the claim, and each of its ops runs on both devices' threads until the hold,
