@@ -9,6 +9,7 @@ timeline: submit at t, run until t', collect.
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -166,3 +167,18 @@ class ClusterRun:
                 return
             await asyncio.sleep(0.001)  # NOTE: a retry round waits on the loop's real clock
         raise AssertionError("the cluster did not go idle")
+
+
+async def mixed_load(run: ClusterRun, seed: int, max_prompt: int = 400,
+                     slo_s: float = 0.5) -> None:
+    """30 requests of random classes, prompts of 2..`max_prompt` tokens and 1..12 outputs,
+    arriving at 40 per second (high ones with a TTFT SLO of `slo_s`), then run out."""
+    rng = random.Random(seed)
+    t = 0.0
+    for i in range(30):
+        prio = rng.choice(list(Priority))
+        run.submit(f"r{i}", prio, rng.randint(2, max_prompt), rng.randint(1, 12),
+                   slo_s=slo_s if prio is Priority.HIGH else None)
+        t += rng.expovariate(40.0)
+        await run.run_until(t)
+    await run.run_out()

@@ -2,32 +2,18 @@
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from executors.types import Priority
 from scheduler.api import FinishReason
 from scheduler.policies import POLICIES
-from tests.scheduler.cluster import ClusterRun
-
-
-async def _mixed(run: ClusterRun, seed: int) -> None:
-    rng = random.Random(seed)
-    t = 0.0
-    for i in range(30):
-        prio = rng.choice(list(Priority))
-        run.submit(f"r{i}", prio, rng.randint(2, 400), rng.randint(1, 12),
-                   slo_s=0.5 if prio is Priority.HIGH else None)
-        t += rng.expovariate(40.0)
-        await run.run_until(t)
-    await run.run_out()
+from tests.scheduler.cluster import ClusterRun, mixed_load
 
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 async def test_every_request_completes_and_kv_returns(policy: str) -> None:
     async with ClusterRun(policy) as run:
-        await _mixed(run, seed=1)
+        await mixed_load(run, seed=1)
     for rid, out in run.outcomes.items():
         assert out.finish is FinishReason.LENGTH, (rid, out)
     assert run.sched.kv.used_blocks() == 0 and not run.sched.states
@@ -37,7 +23,7 @@ async def test_every_request_completes_and_kv_returns(policy: str) -> None:
 @pytest.mark.parametrize("policy", ["priority", "static", "slice"])
 async def test_low_priority_decodes_never_run_at_a_higher_class(policy: str) -> None:
     async with ClusterRun(policy) as run:
-        await _mixed(run, seed=2)
+        await mixed_load(run, seed=2)
     prio = run.classes
     # NOTE: every prompt has 2+ tokens, so an op with one token per sequence is a decode step
     decodes = [op for op in run.ops if op.shape.num_tokens == op.shape.num_seqs]

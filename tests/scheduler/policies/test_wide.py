@@ -4,8 +4,6 @@ earliest (hand-built views; the simulator runs the claim and the hold as any op)
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from executors.types import OpRole, Priority
@@ -15,7 +13,7 @@ from scheduler.round.plan import Feed, Plan, to_candidate
 from scheduler.round.view import RoundView
 from scheduler.sim.gmg import SimOp
 from scheduler.sim.simulator import simulate
-from tests.scheduler.cluster import ClusterRun
+from tests.scheduler.cluster import ClusterRun, mixed_load
 from tests.scheduler.views import make_view, req, single
 
 PARTNERS = {"cpu:0": ("cpu:1",), "cpu:1": ("cpu:0",)}
@@ -114,15 +112,7 @@ async def test_a_wide_prefill_runs_end_to_end_and_frees_its_partner() -> None:
 async def test_a_mixed_workload_with_wide_plans_completes_and_returns_its_kv() -> None:
     async with ClusterRun("slice") as run:
         _widen(run, 0.6)
-        rng = random.Random(3)
-        t = 0.0
-        for i in range(30):
-            prio = rng.choice(list(Priority))
-            run.submit(f"r{i}", prio, rng.randint(2, 500), rng.randint(1, 12),
-                       slo_s=0.15 if prio is Priority.HIGH else None)
-            t += rng.expovariate(40.0)
-            await run.run_until(t)
-        await run.run_out()
+        await mixed_load(run, seed=3, max_prompt=500, slo_s=0.15)
     assert all(o.finish is FinishReason.LENGTH for o in run.outcomes.values())
     assert run.sched.kv.used_blocks() == 0 and not run.sched.states
     assert any(op.wide is not None for op in run.ops)
