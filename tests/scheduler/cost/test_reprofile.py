@@ -99,15 +99,17 @@ async def test_a_drifted_kind_is_profiled_again_when_the_devices_are_idle(
         assert ran_on and set(ran_on) == {"exec-cpu:0"}  # every timed op on the executor
         assert sched.profiler.failures == 0, caplog.text
         assert sched.profiler.kinds_done == ["cpu"], caplog.text
-        assert 0.5 < layers.level < 2.0  # measured against the new profile
+        fresh_s = layers.predict_base(op_features(shape, est.native_rows))  # re-profiled
+        # the window's level is measured against the new profile (the old one's is 1/3);
+        # NOTE: not near 1: a re-profile on a loaded machine (CI) measured this
+        # sub-millisecond op at up to 2.4x the first profile
+        assert layers.level == pytest.approx(true_s / fresh_s, rel=1e-6)
         assert est.op_time("cpu:0", name, shape) == pytest.approx(true_s, rel=0.5)
         assert sched.stats().reprofiles == {"cpu": 1}
-        fresh_s = layers.predict_base(op_features(shape, est.native_rows))  # re-profiled
     finally:
         await sched.stop()
     # the next start reads the re-profile back from the cache, not the old profile (3x
-    # slower); NOTE: compared with the re-profile's own fit, not with `true_s`: a re-profile
-    # on a loaded machine (CI) measured this sub-millisecond op at 1.6x the first profile
+    # slower); compared with the re-profile's own fit, not with `true_s` (see above)
     again = load_or_profile(model, ["cpu:0", "cpu:1"], tmp_path, SMALL)
     assert again.op_time("cpu:0", name, shape) == pytest.approx(fresh_s, rel=1e-9)
     assert fresh_s != pytest.approx(3 * true_s, rel=0.01)
