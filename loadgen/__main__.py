@@ -14,6 +14,7 @@ from pathlib import Path
 
 from loadgen.bench_models_cli import add_parser as add_bench_models_parser
 from loadgen.bursts import add_parser as add_bursts_parser
+from loadgen.ceiling import add_parser as add_ceiling_parser
 from loadgen.chaos_cli import add_parser as add_chaos_parser
 from loadgen.client import DIALECTS
 from loadgen.workload import parse_tenants
@@ -157,6 +158,9 @@ def _parser() -> argparse.ArgumentParser:
                                                   "fuzzing and soak, each against its server"))
     add_bursts_parser(sub.add_parser("bursts", help="a run's TTFT by the arrivals just "
                                                     "before each request, and its token gaps"))
+    add_ceiling_parser(sub.add_parser("ceiling", help="the most of a workload's requests that "
+                                                      "any server could start within a TTFT SLO "
+                                                      "on this machine (an upper bound)"))
     stub = sub.add_parser("stub", help="a model-free OpenAI-compatible server for dry runs",
                           add_help=False)
     stub.set_defaults(fn=None)
