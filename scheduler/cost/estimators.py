@@ -44,7 +44,6 @@ from scheduler.cost.features import (
 from scheduler.cost.learnlog import LearningLog
 from scheduler.cost.linear import MIN_TIME_S, LinearEstimator
 from scheduler.cost.overlap import Overlaps, Resolved
-from scheduler.cost.wide import WideFactors
 
 # NOTE: a transfer between devices that were never profiled together is priced as bytes
 # over a bandwidth (a measured host copy bandwidth divided by this margin, else the default)
@@ -97,7 +96,7 @@ class Estimators:
         self.native_rows = 1  # rows the native GEMV takes (fit_kind sets it): see OP_FEATURES
         # a wide op's time over its time on one device's threads (`executors.wide`), as the
         # profile measured it; None where not measured (fewer than two CPU devices here)
-        self.wide_factor: WideFactors | None = None
+        self.wide_factor: float | None = None
 
     # -- the simulator's hot path --------------------------------------------------------
     def op_time(self, device: Device | str, op_name: str, shape: BatchShape) -> float:
@@ -379,8 +378,7 @@ class Estimators:
             "window": self.window, "refit_every": self.refit_every,
             "interference": self.interference.to_dict() if self.interference else None,
             "copy_bandwidth_bytes_s": self.copy_bandwidth_bytes_s,
-            "native_rows": self.native_rows,
-            "wide_factor": None if self.wide_factor is None else self.wide_factor.to_json(),
+            "native_rows": self.native_rows, "wide_factor": self.wide_factor,
             "ops": [{"kind": k, "op": n, **e.to_dict()} for (k, n), e in self.ops.items()],
             "transfers": [{"src": s, "dst": d, **e.to_dict()}
                           for (s, d), e in self.transfers.items()],
@@ -397,8 +395,7 @@ class Estimators:
             est.set_interference(Interference.from_dict(d["interference"]))
         est.copy_bandwidth_bytes_s = d.get("copy_bandwidth_bytes_s")
         est.native_rows = d["native_rows"]
-        wide = d.get("wide_factor")
-        est.wide_factor = None if wide is None else WideFactors.from_json(wide)
+        est.wide_factor = d.get("wide_factor")
         for o in d["ops"]:
             est.ops[(o["kind"], o["op"])] = LinearEstimator.from_dict(o)
         for t in d["transfers"]:

@@ -50,15 +50,15 @@ from scheduler.cost.oprunner import (
     copy_bandwidth,
     time_copies,
 )
-from scheduler.cost.wide import WideFactors, measure_wide
+from scheduler.cost.wide import measure_wide
 
 logger = logging.getLogger(__name__)
 
 # NOTE: bump when the measuring method changes, so caches are refitted (2: co-location
 # slowdowns and each op's sample CoV are measured too; 3: each round runs the cases in a
 # shuffled order; 4: decode batches of 2, for the rows within the native GEMV; 5: the wide
-# factor of scheduler/cost/wide.py; 6: the wide factor at two prompt lengths)
-SWEEP_VERSION = 6
+# factor of scheduler/cost/wide.py)
+SWEEP_VERSION = 5
 FALLBACK_FLOPS_S = 20e9  # compute rate assumed for a device kind never profiled
 HOST = "local"  # the host of every cpu:N device (they share this machine's cores)
 
@@ -75,8 +75,7 @@ class Sweep:
     transfer_repeats: int = 21  # copies take microseconds and jitter: many runs are cheap
     block_size: int = 16
     colocation_repeats: int = 3  # rounds of the co-location sweep (0: do not measure)
-    # the prefills the wide factor is timed at (scheduler/cost/wide.py)
-    wide_tokens: tuple[int, ...] = (128, 384)
+    wide_tokens: int = 384  # the prefill the wide factor is timed at (scheduler/cost/wide.py)
     wide_repeats: int = 3  # its runs on one device's threads and on two (0: do not measure)
 
     def cases(self) -> list[Case]:
@@ -148,7 +147,7 @@ def profile(model: Model, devices: Sequence[Device | str], sweep: Sweep | None =
         step.result = "sample CoV per op: {}; co-location: {}; wide factor: {}".format(
             ", ".join(f"{e.name} {e.sample_cov:.1%}" for e in est.ops.values()
                       if e.sample_cov is not None), est.interference,
-            "-" if est.wide_factor is None else est.wide_factor.describe())
+            "-" if est.wide_factor is None else f"{est.wide_factor:.2f}")
     return est
 
 
@@ -191,15 +190,13 @@ def colocation(model: Model, names: Sequence[str], sweep: Sweep, threads: int = 
 
 
 def wide_factor(model: Model, names: Sequence[str], sweep: Sweep, threads: int = 1,
-                clock: Clock = time.perf_counter) -> WideFactors | None:
-    """A wide op's time over its time on one device, at each of the sweep's prompt lengths
-    (None with fewer than two CPU devices on this host, or where the sweep does not measure
-    it)."""
-    if len(cpu_hosts(names)) < 2 or sweep.wide_repeats < 1 or not sweep.wide_tokens:
+                clock: Clock = time.perf_counter) -> float | None:
+    """A wide op's time over its time on one device (None with fewer than two CPU devices
+    on this host, or where the sweep does not measure it)."""
+    if len(cpu_hosts(names)) < 2 or sweep.wide_repeats < 1:
         return None
-    return WideFactors(tuple((n, measure_wide(model, n, threads, sweep.wide_repeats, clock,
-                                              sweep.block_size))
-                             for n in sorted(sweep.wide_tokens)))
+    return measure_wide(model, sweep.wide_tokens, threads, sweep.wide_repeats, clock,
+                        sweep.block_size)
 
 
 def profile_pair(model: Model, src: str, dst: str, sweep: Sweep | None = None,

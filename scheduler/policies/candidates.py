@@ -10,12 +10,9 @@ from scheduler.round.requestview import Placement, RequestView
 
 CHUNK_COUNTS = (2, 4)  # chunked-pipeline candidates
 MIN_PIPELINE_TOKENS = 128  # shorter prompts are not worth a split
-# NOTE: the shortest prompt the profile times the wide factor at (`Sweep.wide_tokens`,
-# scheduler/cost/wide.py): a shorter one's is not known. It was 256 with one factor, timed
-# at 384 tokens; on a CPU where one thread prefills 150-255 tokens in 0.45-0.77 s (AVX2
-# only, bf16) that left those prompts one device or a two-chunk pipeline, both past a
-# 500 ms SLO, though two threads keep it (loadgen ceiling, docs/benchmarks/http.md)
-WIDE_MIN_TOKENS = 128
+# NOTE: shorter prompts split too thinly over more threads for the profiled wide factor
+# (timed at 384 tokens, scheduler/cost/wide.py) to price them
+WIDE_MIN_TOKENS = 256
 # NOTE: a wide plan takes two devices' time (about 1.25x one device's on 2 cores) and keeps
 # the next arrival off both: it is offered only where the other candidates' first token
 # misses the deadline or comes within this share of the SLO before it

@@ -21,7 +21,6 @@ from executors.types import OpInstance, OpRole, Priority
 from models.batch import BatchShape
 from models.template import GraphTemplate, OpKind
 from scheduler.cost.firstrows import FirstRows
-from scheduler.cost.wide import WideFactors
 from scheduler.round.requestview import Placement, RequestView
 from scheduler.sim.gmg import SimOp
 from scheduler.sim.types import Candidate
@@ -117,9 +116,9 @@ class Builder:
     op_time: OpTime
     xfer_time: XferTime
     first_rows: FirstRows | None = None  # charges first runs at new row counts (CPU)
-    # a wide op's time over its time on one device's threads, by its chunk's tokens
-    # (`executors.wide`, profiled); None: wide plans are not offered
-    wide_factor: WideFactors | None = None
+    # a wide op's time over its time on one device's threads (`executors.wide`, profiled);
+    # None: wide plans are not offered
+    wide_factor: float | None = None
     partners: dict[str, tuple[str, ...]] = field(default_factory=dict)  # device -> lenders
     ids: itertools.count = field(default_factory=itertools.count)
     _bases: dict[int, int] = field(default_factory=dict)  # variant op -> its chain op
@@ -189,8 +188,8 @@ class Builder:
                 deps.append(prev_chunk[t.index])  # this chunk's attention reads that KV
             op.deps = tuple(deps)
             op.est_s = self.op_time(dev, t.name, shape)
-            if plan.wide is not None and self.wide_factor is not None:
-                op.est_s *= self.wide_factor.at(shape.num_tokens)
+            if plan.wide is not None:
+                op.est_s *= self.wide_factor or 1.0
             if t.kind is OpKind.LAYERS and self.first_rows is not None:
                 op.est_s += self.first_rows.charge(dev, shape, op.est_s, charged)
             op.mem_bytes = t.activation_bytes(shape)

@@ -75,7 +75,7 @@ def test_wide_plans_are_offered_on_two_cpu_devices_with_a_profiled_factor_unless
         tiny_model_dir: Path, tmp_path: Path) -> None:
     model = load(tiny_model_dir, dtype="float32")
     sweep = Sweep(prefill_tokens=(4, 64), chunks=((32, 64),), decode_batches=(1,),
-                  decode_contexts=(8,), transfer_tokens=(1, 8), repeats=1, wide_tokens=(64,),
+                  decode_contexts=(8,), transfer_tokens=(1, 8), repeats=1, wide_tokens=64,
                   wide_repeats=1)
     est = load_or_profile(model, ["cpu:0", "cpu:1"], tmp_path, sweep)
     devices = parse_devices("cpu:0,cpu:1", 0.25)

@@ -8,9 +8,7 @@ import pytest
 
 from executors.types import OpRole, Priority
 from scheduler.api import FinishReason
-from scheduler.cost.wide import WideFactors
 from scheduler.policies import make_policy
-from scheduler.policies.candidates import WIDE_MIN_TOKENS
 from scheduler.round.plan import Feed, Plan, to_candidate
 from scheduler.round.view import RoundView
 from scheduler.sim.gmg import SimOp
@@ -21,9 +19,9 @@ from tests.scheduler.views import make_view, req, single
 PARTNERS = {"cpu:0": ("cpu:1",), "cpu:1": ("cpu:0",)}
 
 
-def _wide_view(factor: float | WideFactors | None, **kw: object) -> RoundView:
+def _wide_view(factor: float | None, **kw: object) -> RoundView:
     view = make_view(**kw)  # type: ignore[arg-type]
-    view.builder.wide_factor = WideFactors.flat(factor) if isinstance(factor, float) else factor
+    view.builder.wide_factor = factor
     view.builder.partners = dict(PARTNERS)
     return view
 
@@ -80,25 +78,14 @@ def test_a_long_urgent_prompt_goes_wide_when_that_brings_its_first_token_earlies
     assert plan.wide is None and len(set(plan.placement)) == 2
 
 
-def test_a_wide_op_is_priced_at_its_chunk_s_tokens() -> None:
-    view = _wide_view(WideFactors(((128, 0.9), (384, 0.5))))
-    r = req("hp", Priority.HIGH, prompt=256, slo=10.0)
-    one = view.builder.build(Plan(Priority.HIGH, single("cpu:0"), [[Feed(r, 0, 256)]]))
-    wide = view.builder.build(Plan(Priority.HIGH, single("cpu:0"), [[Feed(r, 0, 256)]],
-                                   wide="cpu:1"))
-    assert [op.est_s for op in wide.ops[2:]] == pytest.approx([0.7 * op.est_s for op in one.ops])
-
-
-def test_a_prompt_shorter_than_the_shortest_timed_one_never_goes_wide() -> None:
-    # 150 tokens go wide at this deadline; 100 are shorter than WIDE_MIN_TOKENS
-    for prompt, wide in ((150, "cpu:1"), (WIDE_MIN_TOKENS - 28, None)):
-        hp = req("hp", Priority.HIGH, prompt=prompt, slo=0.05)
-        (plan,) = make_policy("slice").schedule(_wide_view(0.3, waiting=[hp])).plans
-        assert plan.wide == wide, prompt
+def test_a_short_prompt_never_goes_wide() -> None:
+    hp = req("hp", Priority.HIGH, prompt=200, slo=0.05)
+    (plan,) = make_policy("slice").schedule(_wide_view(0.3, waiting=[hp])).plans
+    assert plan.wide is None
 
 
 def _widen(run: ClusterRun, factor: float) -> None:
-    run.sched.builder.wide_factor = WideFactors.flat(factor)
+    run.sched.builder.wide_factor = factor
     run.sched.builder.partners = dict(PARTNERS)
 
 
