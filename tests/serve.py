@@ -7,6 +7,7 @@ answers 200 and is stopped by its PID.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -22,6 +23,19 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def held_weights_gib(args: list[str], data_dir: Path) -> float:
+    """GiB of weights the server holds on cpu:0 when started with `args` (their devices, and
+    so their kernels' threads, too), as its own start-up refusal on 0.01 GiB devices says.
+    NOTE: it depends on the machine: the kernels tuned for a CPU may keep float32 or
+    re-laid-out copies of a half-precision model's weights."""
+    proc = subprocess.run([sys.executable, "-m", "gateway", "serve", *args,
+                           "--device-memory-gib", "0.01", "--data-dir", str(data_dir),
+                           "--port", "0"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    found = re.search(r"cpu:0: 0\.01 GiB cannot hold (\d+\.\d\d) GiB of weights", proc.stderr)
+    assert proc.returncode == 1 and found, proc.stderr[-2000:]
+    return float(found.group(1))
 
 
 class GatewayProcess:
