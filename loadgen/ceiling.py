@@ -21,13 +21,13 @@ import argparse
 import bisect
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loadgen.direct import run_models_direct
 from loadgen.traces import TraceRequest
 
 LADDER_STEPS = 8
@@ -116,17 +116,11 @@ class DirectRunner:
         out: Floors = {}
         if not sizes:
             return out
-        cases = self.workdir / f"ceiling-cases-{threads}.json"
-        cases.write_text(json.dumps([{"prompt": self.prompt(n, f"ceiling-{n}"), "max_tokens": 1}
-                                     for n in sizes]))
+        cases = [{"prompt": self.prompt(n, f"ceiling-{n}"), "max_tokens": 1} for n in sizes]
         for dtype in self.dtypes:
-            cmd = [self.python, "-m", "models", "direct", "--model", self.model, "--dtype", dtype,
-                   "--threads", str(threads), "--repeats", str(self.repeats), "--cases",
-                   str(cases)]
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False)
-            if done.returncode != 0:
-                raise RuntimeError(f"`{' '.join(cmd)}` failed: {done.stderr.strip()[-800:]}")
-            for case in json.loads(done.stdout.strip().splitlines()[-1])["cases"]:
+            for case in run_models_direct(self.python, self.model, dtype, threads,
+                                          self.repeats, cases,
+                                          self.workdir / f"ceiling-cases-{threads}.json"):
                 n, fastest = int(case["prompt_tokens"]), min(case["ttft_s"])
                 out[n] = min(out.get(n, fastest), fastest)
         return out

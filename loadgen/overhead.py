@@ -38,10 +38,8 @@ request. Nothing is subtracted from the overhead.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -54,6 +52,7 @@ import httpx
 import yaml
 
 from loadgen.client import CompletionCall
+from loadgen.direct import run_models_direct
 from loadgen.leanhttp import LeanConnection
 from loadgen.probe import TimelinePoller, first_model
 from loadgen.prompts import PromptBuilder, resolve_model_folder
@@ -168,15 +167,9 @@ def _server(config: ProbeConfig) -> RunningServer:
 
 def run_direct(config: ProbeConfig, prompts: list[tuple[tuple[int, int], str]]) -> list[dict]:
     """`python -m models direct` over the prompts, each timed once after a warm-up."""
-    cases = config.out / "direct-cases.json"
-    cases.write_text(json.dumps([{"prompt": p, "max_tokens": c[1], "case": c} for c, p in prompts]))
-    cmd = [config.python, "-m", "models", "direct", "--model", config.model, "--dtype",
-           config.dtype, "--cases", str(cases), "--repeats", "1", "--threads",
-           str(config.direct_threads())]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"`{' '.join(cmd)}` failed: {done.stderr.strip()[-800:]}")
-    return list(json.loads(done.stdout.strip().splitlines()[-1])["cases"])
+    return run_models_direct(config.python, config.model, config.dtype, config.direct_threads(),
+                             1, [{"prompt": p, "max_tokens": c[1], "case": c}
+                                 for c, p in prompts], config.out / "direct-cases.json")
 
 
 async def _one(lean: LeanConnection, model: str, case: tuple[int, int], mode: str,
